@@ -1,0 +1,44 @@
+"""The experiment file: one YAML validated by a typed schema (no torch import here).
+
+Tools that only need schemas (CLI validation, Helm value checks) import this
+package without pulling in torch or transformers.
+"""
+
+from mutualrl.config.schema import (
+    AlgorithmConfig,
+    BrokerConfig,
+    BudgetConfig,
+    EngineConfig,
+    EvalConfig,
+    ExperimentConfig,
+    ModelConfig,
+    PolicyConfig,
+    SgtConfig,
+    SharingConfig,
+    TaskConfig,
+    ThlConfig,
+    TokenizerConfig,
+    WarmStartConfig,
+)
+from mutualrl.config.loading import ConfigError, apply_overrides, load_config, dump_config
+
+__all__ = [
+    "AlgorithmConfig",
+    "BrokerConfig",
+    "BudgetConfig",
+    "EngineConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "ModelConfig",
+    "PolicyConfig",
+    "SgtConfig",
+    "SharingConfig",
+    "TaskConfig",
+    "ThlConfig",
+    "TokenizerConfig",
+    "WarmStartConfig",
+    "ConfigError",
+    "apply_overrides",
+    "load_config",
+    "dump_config",
+]

@@ -1,0 +1,218 @@
+"""Pydantic schema of an experiment. Every field documents its default and why.
+
+Defaults follow algorithms.md §5 where they are paper values, scaled down where
+the embedded CPU default needs it (noted per field).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SHARING_MODES = ("none", "sgt")
+"""Sharing modes the run loop implements (design.md vocabulary)."""
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo such as `learning_rate` must not be ignored silently.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    """The network: either a tiny built ``family`` or a Hugging Face ``path``."""
+
+    family: Optional[Literal["llama", "qwen2", "gpt2"]] = Field(None, description="Build a randomly initialised model of this family.")
+    path: Optional[str] = Field(None, description="Local model directory (or hub name when online) to load instead.")
+    hidden_size: int = Field(128, ge=8, description="Built models only.")
+    num_layers: int = Field(4, ge=1, description="Built models only.")
+    num_heads: int = Field(4, ge=1, description="Built models only.")
+    intermediate_size: int = Field(512, ge=8, description="Built models only (MLP width).")
+    max_positions: int = Field(128, ge=16, description="Built models only: context length.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if (self.family is None) == (self.path is None):
+            raise ValueError("give exactly one of model.family or model.path")
+        if self.family and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}")
+        return self
+
+
+class TokenizerConfig(_Strict):
+    """Either a ``kind`` trained on the task corpus or a ``path`` to an existing tokenizer."""
+
+    kind: Optional[Literal["char", "bpe", "unigram"]] = Field(None, description="Train this kind of tokenizer on the task corpus.")
+    path: Optional[str] = Field(None, description="Load a tokenizer from this directory; defaults to model.path when the model is loaded.")
+    vocab_size: int = Field(300, ge=16, description="Target vocabulary for bpe/unigram (char uses every character seen).")
+    chat_template: Optional[bool] = Field(None, description="Render prompts with the tokenizer's chat template; None = when it has one.")
+
+    @model_validator(mode="after")
+    def _not_both(self) -> "TokenizerConfig":
+        if self.kind and self.path:
+            raise ValueError("give tokenizer.kind or tokenizer.path, not both")
+        return self
+
+
+class EngineConfig(_Strict):
+    backend: Literal["hf"] = Field("hf", description="Rollout engine; `hf` (transformers) is the embedded default.")
+    device: str = Field("cpu", description="torch device for generation and training, e.g. cpu or cuda:0.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (1.0: behaviour log-probs are the raw policy's, §1.1).")
+    top_k: int = Field(0, ge=0, description="0 disables top-k.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="1.0 disables nucleus filtering.")
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate for RL (paper: 1e-6 for billion-scale models; tiny CPU models need more).")
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
+
+
+class WarmStartConfig(_Strict):
+    """A supervised pass so RL starts with signal (design.md, "No hub at run time")."""
+
+    enabled: bool = True
+    max_steps: int = Field(3000, ge=0, description="Upper bound on SFT steps.")
+    target_accuracy: float = Field(0.2, ge=0, le=1, description="Stop once held-out greedy accuracy reaches this.")
+    check_every: int = Field(50, ge=1, description="Steps between held-out checks.")
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    eval_size: int = Field(128, ge=1, description="Held-out problems per check (from the eval split).")
+
+
+class PolicyConfig(_Strict):
+    name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$", description="Policy id: lower-case letters, digits, - and _.")
+    model: ModelConfig
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+
+    @model_validator(mode="after")
+    def _tokenizer_source(self) -> "PolicyConfig":
+        if self.model.family and not (self.tokenizer.kind or self.tokenizer.path):
+            raise ValueError(f"policy {self.name!r}: a built model needs tokenizer.kind or tokenizer.path")
+        if self.model.path and self.tokenizer.kind:
+            raise ValueError(f"policy {self.name!r}: a loaded model uses its own tokenizer; drop tokenizer.kind")
+        return self
+
+
+class TaskConfig(_Strict):
+    name: Literal["arithmetic", "countdown", "jsonl"] = "arithmetic"
+    verifier: str = Field("default", description="`default` (the task's own), `exact`, `math` or `countdown`.")
+    path: Optional[str] = Field(None, description="JSONL file for task `jsonl`.")
+    train_size: int = Field(20000, ge=1)
+    eval_size: int = Field(256, ge=1)
+    min_digits: int = Field(1, ge=1, description="arithmetic")
+    max_digits: int = Field(2, ge=1, description="arithmetic")
+    operators: str = Field("+", description="arithmetic: subset of '+-*'")
+    num_numbers: int = Field(3, ge=2, description="countdown")
+    max_number: int = Field(9, ge=1, description="countdown")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TaskConfig":
+        if self.name == "jsonl" and not self.path:
+            raise ValueError("task jsonl needs task.path")
+        if self.min_digits > self.max_digits:
+            raise ValueError("task.min_digits must be <= task.max_digits")
+        if self.verifier not in ("default", "exact", "math", "countdown"):
+            raise ValueError(f"unknown verifier {self.verifier!r}; valid: default, exact, math, countdown")
+        return self
+
+
+class AlgorithmConfig(_Strict):
+    """Base GRPO objective (algorithms.md §1.1, defaults from §5)."""
+
+    loss: Literal["grpo"] = "grpo"
+    clip_low: float = Field(0.2, ge=0, description="ε_low of the PPO clip.")
+    clip_high: float = Field(0.28, ge=0, description="ε_high (DAPO clip-higher).")
+    kl_coef: float = Field(0.0, ge=0, description="β for the k3 KL to the reference (warm-start) policy; 0 skips the reference.")
+    norm_adv_by_std: bool = Field(True, description="False gives Dr.GRPO's r - mean advantage.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = Field("token-mean", description="verl loss_agg_mode.")
+    epsilon: float = Field(1e-6, gt=0, description="Std floor in the advantage denominator.")
+
+
+class SgtConfig(_Strict):
+    """Success-Gated Transfer (algorithms.md §3.3)."""
+
+    weight: float = Field(0.1, ge=0, description="λ_SGT, weight of the rescue NLL term.")
+    gate_tau: float = Field(0.0, ge=0, le=1, description="Open the gate when own successes <= τ·G (τ=0: only all-fail groups).")
+    max_per_prompt: int = Field(1, ge=1, description="K_r, rescued successes kept per prompt (shortest first).")
+
+
+class SharingConfig(_Strict):
+    mode: Literal["none", "sgt"] = Field("none", description="How learners use peer experience: none | sgt.")
+    sgt: SgtConfig = Field(default_factory=SgtConfig)
+    max_version_lag: int = Field(1, ge=0, description="Δ_max: ignore peer experience older than this many weight versions.")
+
+
+class ThlConfig(_Strict):
+    max_unaligned: float = Field(0.02, ge=0, le=1, description="Reject converted messages whose unaligned-byte fraction exceeds this.")
+    require_roundtrip: bool = Field(True, description="Reject messages whose text does not survive the receiver's encode/decode.")
+
+
+class BudgetConfig(_Strict):
+    steps: int = Field(30, ge=0, description="RL steps (optimiser updates per learner).")
+    prompts_per_step: int = Field(16, ge=1, description="Prompts per step, the same for every policy.")
+    group_size: int = Field(8, ge=1, description="G, completions per prompt per policy.")
+    max_new_tokens: int = Field(8, ge=1, description="Maximum completion length.")
+
+
+class EvalConfig(_Strict):
+    every: int = Field(5, ge=1, description="Held-out greedy evaluation every N steps (and at the end).")
+    size: int = Field(256, ge=1, description="Held-out problems per evaluation.")
+
+
+class BrokerConfig(_Strict):
+    backend: Literal["inprocess"] = Field("inprocess", description="SEE backend; in-process is the embedded default.")
+    hmac_key_env: Optional[str] = Field(None, description="Name of an environment variable holding the HMAC key for signing messages.")
+    max_len: int = Field(100_000, ge=1, description="Retention bound per stream (entries).")
+
+
+class LauncherConfig(_Strict):
+    kind: Literal["embedded"] = Field("embedded", description="embedded: every worker in one process.")
+
+
+class ExperimentConfig(_Strict):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    seed: int = 0
+    output_dir: str = Field("runs", description="Runs go to <output_dir>/<name> unless --out is given.")
+    policies: list[PolicyConfig] = Field(..., min_length=1)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    sharing: SharingConfig = Field(default_factory=SharingConfig)
+    thl: ThlConfig = Field(default_factory=ThlConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+
+    @field_validator("policies")
+    @classmethod
+    def _unique_names(cls, v: list[PolicyConfig]) -> list[PolicyConfig]:
+        names = [p.name for p in v]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"policy names must be unique; repeated: {', '.join(sorted(dup))}")
+        return v
+
+    @model_validator(mode="after")
+    def _sharing_needs_peers(self) -> "ExperimentConfig":
+        if self.sharing.mode != "none" and len(self.policies) < 2:
+            raise ValueError(f"sharing.mode {self.sharing.mode!r} needs at least two policies")
+        return self
+
+    def check_paths(self, base: Path | None = None) -> None:
+        """Existence checks that pydantic cannot do statically (raised as ValueError)."""
+        for p in self.policies:
+            for label, value in (("model.path", p.model.path), ("tokenizer.path", p.tokenizer.path)):
+                if value and _looks_local(value) and not Path(value).exists():
+                    raise ValueError(f"policy {p.name!r}: {label} does not exist: {value}")
+        if self.task.path and not Path(self.task.path).is_file():
+            raise ValueError(f"task.path does not exist: {self.task.path}")
+
+
+def _looks_local(value: str) -> bool:
+    """Hub names look like `org/name`; anything else with a path separator, ~ or . is a local path."""
+    return value.startswith((".", "/", "~")) or value.count("/") != 1 or Path(value).exists()

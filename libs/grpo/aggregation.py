@@ -1,0 +1,31 @@
+"""Loss aggregation over tokens and sequences (algorithms.md §1.1, verl ``agg_loss``)."""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm_len: float | None = None) -> torch.Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar.
+
+    token-mean: ``Σ_{i,t} L·m / Σ m`` (DAPO); seq-mean-token-mean: ``mean_i(Σ_t L·m / Σ_t m)``
+    (original GRPO, GSPO); seq-mean-token-sum: ``mean_i Σ_t L·m``;
+    seq-mean-token-sum-norm: ``Σ L·m / (B · norm_len)`` (Dr.GRPO; norm_len defaults to T).
+    Rows with an empty mask contribute nothing and never divide by zero.
+    """
+    m = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        return (loss_mat * m).sum() / m.sum().clamp(min=1.0)
+    seq_sum = (loss_mat * m).sum(-1)  # [B]
+    if mode == "seq-mean-token-mean":
+        rows = m.sum(-1) > 0
+        per_seq = seq_sum / m.sum(-1).clamp(min=1.0)  # [B]
+        return per_seq[rows].mean() if rows.any() else seq_sum.sum() * 0.0
+    if mode == "seq-mean-token-sum":
+        return seq_sum.mean()
+    if mode == "seq-mean-token-sum-norm":
+        denom = float(norm_len if norm_len is not None else loss_mat.shape[-1])
+        return seq_sum.sum() / (loss_mat.shape[0] * denom)
+    raise ValueError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")

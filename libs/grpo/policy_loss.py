@@ -1,0 +1,68 @@
+"""Policy-gradient losses (algorithms.md §1.1 GRPO token-level PPO-clip)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mutualrl.grpo.aggregation import agg_loss
+from mutualrl.grpo.registry import Registry
+
+POLICY_LOSSES: Registry = Registry("policy loss")
+
+
+@dataclass
+class PolicyLossOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    metrics: dict[str, float] = field(default_factory=dict)  # detached diagnostics
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    m = mask.to(x.dtype)
+    return float((x * m).sum() / m.sum().clamp(min=1.0))
+
+
+@POLICY_LOSSES.register("grpo")
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    clip_ratio_c: float | None = 3.0,
+    loss_agg: str = "token-mean",
+) -> PolicyLossOutput:
+    """Token-level PPO-clip with asymmetric clip and dual-clip (§1.1).
+
+    ``ρ = exp(clamp(log π_θ − log π_old, ±20))``;
+    ``L = −min(ρÂ, clip(ρ, 1−ε_low, 1+ε_high)Â)``, and for ``Â < 0`` the dual clip
+    caps the loss at ``−Â·c`` (verl ``clip_ratio_c``; ``None`` disables it).
+
+    logp, old_logp [B, T]; advantages [B] or [B, T]; mask [B, T].
+    """
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, T]
+    ratio = log_ratio.exp()  # [B, T]
+    pg1 = -adv * ratio  # [B, T]
+    pg2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [B, T]
+    clipped = torch.maximum(pg1, pg2)  # [B, T]
+    per_tok = clipped
+    if clip_ratio_c is not None:
+        pg3 = -adv * clip_ratio_c  # [B, 1|T]
+        per_tok = torch.where(adv < 0, torch.minimum(clipped, pg3), clipped)  # [B, T]
+    loss = agg_loss(per_tok, mask, loss_agg)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": _masked_mean((pg2 > pg1).float(), mask),
+            "ratio_mean": _masked_mean(ratio, mask),
+            "ratio_max": float((ratio * mask).max()) if mask.any() else 1.0,
+            "approx_kl": _masked_mean(-log_ratio, mask),
+        }
+    return PolicyLossOutput(loss, metrics)
+
+
+def get_policy_loss(name: str):
+    return POLICY_LOSSES.get(name)

@@ -1,0 +1,33 @@
+"""Name -> function registries whose lookup errors list every valid name (verl style)."""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class Registry(Generic[F]):
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        def deco(fn: F) -> F:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._items[name] = fn
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> F:
+        if name not in self._items:
+            raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._items))}")
+        return self._items[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items

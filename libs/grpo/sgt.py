@@ -1,0 +1,73 @@
+"""Success-Gated Transfer: verified peer successes as a rescue set (algorithms.md §3.3 SGT).
+
+The rescue loss ascends ``log π_n(y*|x)``, a lower bound of the log success
+probability ``log p_n(x)`` (§3.4), exactly on prompts where the learner's own
+group found no success — the support gap GRPO cannot close (all-fail groups
+have zero advantage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RescueItem:
+    """One candidate: a peer's verified success, already in the receiver's token ids."""
+
+    prompt_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    source_policy: str
+    message_id: str
+
+
+def select_rescues(
+    candidates: list[RescueItem],
+    own_successes: dict[str, int],
+    group_size: int,
+    gate_tau: float = 0.0,
+    max_per_prompt: int = 1,
+) -> list[RescueItem]:
+    """The rescue set ``R_n`` (§3.3): keep candidates whose prompt's own success count is
+    ``<= τ·G`` (τ=0: only all-fail groups), at most ``K_r`` per prompt, shortest first.
+
+    Prompts the learner did not sample this step (absent from ``own_successes``) are
+    not gated open: the gate is a statement about the learner's own group.
+    Ties in length break by message id so the choice is deterministic.
+    """
+    threshold = gate_tau * group_size
+    by_prompt: dict[str, list[RescueItem]] = {}
+    for c in candidates:
+        if c.prompt_id in own_successes and own_successes[c.prompt_id] <= threshold:
+            by_prompt.setdefault(c.prompt_id, []).append(c)
+    chosen: list[RescueItem] = []
+    seen: set[tuple[int, ...]] = set()
+    for pid in sorted(by_prompt):
+        items = sorted(by_prompt[pid], key=lambda c: (len(c.completion_ids), c.message_id))
+        kept = 0
+        for c in items:
+            key = (hash(pid), *c.completion_ids)
+            if key in seen:
+                continue  # the same completion from two peers counts once
+            seen.add(key)
+            chosen.append(c)
+            kept += 1
+            if kept >= max_per_prompt:
+                break
+    return chosen
+
+
+def sgt_nll(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``mean_{(x,y*)∈R_n}[ −(1/|y*|_n) Σ_t log π_n(y*_t | x, y*_<t) ]`` (§3.3).
+
+    logp [R, T] log-probs of the rescue completions under the learner; mask [R, T].
+    Returns a scalar (0 with a graph when R is empty).
+    """
+    if logp.shape[0] == 0:
+        return logp.sum() * 0.0
+    m = mask.to(logp.dtype)
+    per_seq = -(logp * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # [R]
+    return per_seq.mean()

@@ -1,0 +1,141 @@
+"""Batched sampling with exact per-token log-probabilities, and batched scoring.
+
+We sample with our own KV-cached loop rather than ``model.generate`` so that the
+returned log-probs are exactly ``log_softmax`` of the distribution the token was
+drawn from (after temperature and top-k/top-p), with no hidden generation-config
+defaults (transformers defaults ``top_k`` to 50). These are the behaviour
+log-probs ``log π_old`` of algorithms.md §1.1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]  # completion ids, EOS included when the sample ended on it
+    logprobs: list[float]  # one per token id
+    finish_reason: str  # "stop" (EOS) or "length"
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long, device=device)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    if top_k and top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix with mass >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+@torch.no_grad()
+def sample(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    *,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> list[Sample]:
+    """One completion per prompt (repeat a prompt for a group). ``temperature=0`` is greedy."""
+    if not prompts:
+        return []
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    ids, mask = _left_pad(prompts, pad_id, device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    past = out.past_key_values
+    logits = out.logits[:, -1, :].float()
+    B = len(prompts)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    toks: list[torch.Tensor] = []
+    lps: list[torch.Tensor] = []
+    next_pos = pos[:, -1]
+    for _ in range(max_new_tokens):
+        if temperature == 0:
+            logp = F.log_softmax(logits, dim=-1)
+            tok = logp.argmax(-1)
+        else:
+            logp = F.log_softmax(_filter_logits(logits / temperature, top_k, top_p), dim=-1)
+            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        toks.append(tok)
+        lps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
+        done = done | (tok == eos_id)
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        next_pos = next_pos + 1
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+    if was_training:
+        model.train()
+    tok_mat = torch.stack(toks, 1).tolist()
+    lp_mat = torch.stack(lps, 1).tolist()
+    samples = []
+    for row_t, row_l in zip(tok_mat, lp_mat):
+        if eos_id in row_t:
+            n = row_t.index(eos_id) + 1
+            samples.append(Sample(row_t[:n], row_l[:n], "stop"))
+        else:
+            samples.append(Sample(row_t, row_l, "length"))
+    return samples
+
+
+def sequence_logprobs(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    *,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log π(y_t | x, y_<t) for each completion, right-aligned into a padded batch.
+
+    Returns ``logprobs [B, T]`` and ``mask [B, T]`` (1 on completion tokens),
+    where T is the longest completion. Gradients flow (the learner's hot path).
+    """
+    if len(prompts) != len(completions):
+        raise ValueError("prompts and completions differ in length")
+    device = next(model.parameters()).device
+    seqs = [p + c for p, c in zip(prompts, completions)]
+    T = max(len(c) for c in completions)
+    ids, attn = _left_pad(seqs, pad_id, device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # [B, L, V]
+    # logits at position j predict token j+1; the last T+1 positions cover every completion token
+    logits = logits[:, -T - 1 : -1, :].float()  # [B, T, V]
+    targets = ids[:, -T:]  # [B, T]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)  # [B, T]
+    mask = torch.zeros_like(targets, dtype=torch.float32)
+    for i, c in enumerate(completions):
+        if c:
+            mask[i, T - len(c) :] = 1.0
+    return logp * mask, mask

@@ -1,0 +1,149 @@
+"""Load a policy (model + tokenizer) from a built spec or a local path, with a disk cache.
+
+Built policies are cached by a content hash of everything that determines them
+(family, shape, tokenizer kind and size, the corpus fingerprint, the seed), so a
+second run, or a test session, reuses the same artifacts instead of retraining
+tokenizers — and any change to those inputs gets a fresh entry automatically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from mutualrl.models.families import ModelShape, build_model
+from mutualrl.models.tokenizers import build_tokenizer, load_tokenizer
+
+CACHE_VERSION = "1"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("MUTUALRL_CACHE", Path.home() / ".cache" / "mutualrl"))
+
+
+@dataclass
+class PolicyArtifacts:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    source: str  # "built:<hash>" or the local path it was loaded from
+    fingerprint: str  # tokenizer fingerprint carried on every message (THL keys on it)
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def tokenizer_fingerprint(tok: PreTrainedTokenizerBase) -> str:
+    """Hash of the vocabulary: equal fingerprints mean ids are interchangeable."""
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
+    """Write into a temp dir and rename, so concurrent or killed runs never see half a cache entry."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tmp-"))
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_policy(
+    *,
+    path: str | None = None,
+    family: str | None = None,
+    shape: ModelShape | None = None,
+    tokenizer_path: str | None = None,
+    tokenizer_kind: str | None = None,
+    vocab_size: int = 300,
+    corpus: Callable[[], list[str]] | None = None,
+    corpus_fingerprint: str = "",
+    seed: int = 0,
+    cache_dir: Path | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> PolicyArtifacts:
+    """Return model and tokenizer for one policy.
+
+    Either ``path`` (a Hugging Face model directory or hub name) or ``family`` (a
+    tiny model built here) must be given. The tokenizer comes from
+    ``tokenizer_path``, else ``path``, else is trained (``tokenizer_kind``) on
+    ``corpus()``.
+    """
+    if bool(path) == bool(family):
+        raise ValueError("a policy needs exactly one of a model path or a model family")
+    if tokenizer_path:
+        tok = load_tokenizer(tokenizer_path)
+        tok_key: object = ("path", str(Path(tokenizer_path).resolve()) if Path(tokenizer_path).exists() else tokenizer_path)
+    elif path:
+        tok = load_tokenizer(path)
+        tok_key = ("path", path)
+    else:
+        if not tokenizer_kind or corpus is None:
+            raise ValueError("a built policy needs a tokenizer kind and a corpus (or a tokenizer path)")
+        tok, tok_key = _cached_tokenizer(tokenizer_kind, vocab_size, corpus, corpus_fingerprint, cache_dir)
+
+    if path:
+        local = Path(path)
+        if local.exists() and not (local / "config.json").is_file():
+            raise FileNotFoundError(f"model path {path} has no config.json")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        source = str(path)
+    else:
+        assert family is not None
+        shape = shape or ModelShape()
+        ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+        model = build_model(family, len(tok), shape, ids, seed=seed)
+        source = "built:" + _digest([CACHE_VERSION, family, asdict(shape), tok_key, seed])
+    if model.get_input_embeddings().num_embeddings < len(tok):
+        raise ValueError(f"model vocabulary ({model.get_input_embeddings().num_embeddings}) is smaller than the tokenizer's ({len(tok)})")
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return PolicyArtifacts(model=model, tokenizer=tok, source=source, fingerprint=tokenizer_fingerprint(tok))
+
+
+def _cached_tokenizer(kind: str, vocab_size: int, corpus: Callable[[], list[str]], corpus_fp: str, cache_dir: Path | None):
+    key = _digest([CACHE_VERSION, "tokenizer", kind, vocab_size, corpus_fp])
+    entry = (cache_dir or default_cache_dir()) / "tokenizers" / key
+    if not (entry / "tokenizer.json").is_file() or not corpus_fp:
+        tok = build_tokenizer(kind, corpus(), vocab_size)
+        if corpus_fp:
+            _atomic_dir(entry, lambda d: tok.save_pretrained(d))
+        return tok, ("built", key)
+    return load_tokenizer(entry), ("built", key)
+
+
+def encode_prompt(tok: PreTrainedTokenizerBase, text: str, use_chat_template: bool | None = None) -> list[int]:
+    """Prompt ids as the policy is fed them: the chat template when the tokenizer has one
+    (and ``use_chat_template`` is not False), else the plain text with the tokenizer's specials."""
+    if use_chat_template is None:
+        use_chat_template = bool(getattr(tok, "chat_template", None))
+    if use_chat_template:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tok(text, add_special_tokens=True)["input_ids"]
+
+
+def encode_completion(tok: PreTrainedTokenizerBase, text: str, add_eos: bool = True) -> list[int]:
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    return ids + [tok.eos_token_id] if add_eos else ids

@@ -1,0 +1,106 @@
+"""Tokenizers of different algorithms trained on a task corpus with the `tokenizers` library.
+
+Different algorithms give policies genuinely different vocabularies and token
+boundaries, which is what THL has to bridge: char-level (WordLevel over single
+characters), byte-level BPE (GPT-2 style) and Unigram (SentencePiece style,
+Metaspace pre-tokenisation).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIALS = [PAD, BOS, EOS, UNK]
+
+
+def _char(corpus: list[str], vocab_size: int) -> Tokenizer:
+    chars = sorted({c for text in corpus for c in text})
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return tok
+
+
+def _bpe(corpus: list[str], vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
+
+
+def _unigram(corpus: list[str], vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Metaspace(replacement="▁", prepend_scheme="never")])
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        unk_token=UNK,
+        initial_alphabet=sorted({c for t in corpus for c in t}),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
+
+
+TOKENIZER_KINDS: dict[str, Callable[[list[str], int], Tokenizer]] = {
+    "char": _char,
+    "bpe": _bpe,
+    "unigram": _unigram,
+}
+
+
+def build_tokenizer(kind: str, corpus: Iterable[str], vocab_size: int = 300) -> PreTrainedTokenizerFast:
+    """Train a tokenizer of ``kind`` on ``corpus`` and wrap it for transformers.
+
+    Prompts get ``<bos>`` prepended by the post-processor (``add_special_tokens=True``);
+    completions are encoded without specials and end with ``<eos>`` appended by
+    the caller, which mirrors how real chat models are fed.
+    """
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; valid: {', '.join(sorted(TOKENIZER_KINDS))}")
+    texts = list(corpus)
+    if not texts:
+        raise ValueError("cannot train a tokenizer on an empty corpus")
+    raw = TOKENIZER_KINDS[kind](texts, vocab_size)
+    bos_id = raw.token_to_id(BOS)
+    raw.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        clean_up_tokenization_spaces=False,
+        padding_side="left",
+    )
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load any Hugging Face tokenizer from a local directory (or a hub name when online).
+
+    A tokenizer without a pad token gets its EOS as pad, which is what batched
+    left-padded generation needs; one without EOS cannot end completions and is
+    rejected.
+    """
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.eos_token_id is None:
+        raise ValueError(f"tokenizer at {path} has no EOS token; completions could never end")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok

@@ -1,0 +1,13 @@
+"""Verifiable tasks: procedural generators with seeded splits, and exact verifiers.
+
+A task yields :class:`Problem` objects (prompt text + reference answer); a
+:class:`Verifier` scores a completion against a problem with a binary reward.
+Rewards are computed on the rollout side and re-checked by any receiver of a
+peer's claimed success (design.md, "a peer is never trusted blindly"), so
+verifiers are pure, deterministic and cheap.
+"""
+
+from mutualrl.tasks.base import Problem, Task, Verifier
+from mutualrl.tasks.registry import build_task, build_verifier, TASKS, VERIFIERS
+
+__all__ = ["Problem", "Task", "Verifier", "build_task", "build_verifier", "TASKS", "VERIFIERS"]
