@@ -91,6 +91,8 @@ def load_policy(
     """
     if bool(path) == bool(family):
         raise ValueError("a policy needs exactly one of a model path or a model family")
+    if path and Path(path).exists() and not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"model path {path} has no config.json")
     if tokenizer_path:
         tok = load_tokenizer(tokenizer_path)
         tok_key: object = ("path", str(Path(tokenizer_path).resolve()) if Path(tokenizer_path).exists() else tokenizer_path)
@@ -103,9 +105,6 @@ def load_policy(
         tok, tok_key = _cached_tokenizer(tokenizer_kind, vocab_size, corpus, corpus_fingerprint, cache_dir)
 
     if path:
-        local = Path(path)
-        if local.exists() and not (local / "config.json").is_file():
-            raise FileNotFoundError(f"model path {path} has no config.json")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         source = str(path)
     else:

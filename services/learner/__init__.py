@@ -1,1 +1,6 @@
-"""(package)"""
+"""Learner side of a policy: consume own and peer experience, apply the sharing mode, step, publish weights."""
+
+from mutualrl.services.learner.learner import Learner, LearnerSettings
+from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
+
+__all__ = ["Learner", "LearnerSettings", "PeerIntake", "TokenizerRegistry"]

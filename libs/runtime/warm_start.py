@@ -1,0 +1,93 @@
+"""Supervised warm start so RL has signal, cached on disk by content hash.
+
+Tiny random models never sample a correct answer, and GRPO gives zero advantage
+to all-fail groups; a short SFT pass on reference answers lifts held-out
+accuracy into a range where RL (and sharing) has something to work with. The
+pass stops as soon as a held-out check reaches ``target_accuracy`` — a fixed
+step count is unreliable because accuracy jumps abruptly (environment.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from mutualrl.config.schema import WarmStartConfig
+from mutualrl.models.generation import sequence_logprobs
+from mutualrl.models.policy import encode_completion, encode_prompt
+from mutualrl.runtime.evaluation import greedy_accuracy
+from mutualrl.tasks import Problem, Verifier
+
+
+@dataclass
+class WarmStartResult:
+    steps: int
+    accuracy: float
+    seconds: float
+    cached: bool
+
+
+def _key(source: str, cfg: WarmStartConfig, task_fp: str, seed: int, max_new_tokens: int) -> str:
+    blob = json.dumps([source, cfg.model_dump(), task_fp, seed, max_new_tokens, "ws1"], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def warm_start(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    train: list[Problem],
+    held_out: list[Problem],
+    verifier: Verifier,
+    cfg: WarmStartConfig,
+    *,
+    source: str,
+    task_fingerprint: str,
+    seed: int,
+    max_new_tokens: int,
+    cache_dir: Path,
+    chat_template: bool | None = None,
+    on_progress: Callable[[int, float], None] | None = None,
+) -> WarmStartResult:
+    entry = cache_dir / "warm" / _key(source, cfg, task_fingerprint, seed, max_new_tokens)
+    if (entry / "model.safetensors").is_file() and (entry / "meta.json").is_file():
+        model.load_state_dict(load_file(str(entry / "model.safetensors")), strict=False)
+        meta = json.loads((entry / "meta.json").read_text())
+        return WarmStartResult(meta["steps"], meta["accuracy"], 0.0, cached=True)
+
+    t0 = time.monotonic()
+    rng = random.Random(f"warm:{seed}")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    held = held_out[: cfg.eval_size]
+    acc = greedy_accuracy(model, tok, held, verifier, max_new_tokens, chat_template=chat_template)
+    step = 0
+    while step < cfg.max_steps and acc < cfg.target_accuracy:
+        model.train()
+        batch = rng.sample(train, min(cfg.batch_size, len(train)))
+        prompts = [encode_prompt(tok, p.prompt, chat_template) for p in batch]
+        answers = [encode_completion(tok, p.answer) for p in batch]
+        logp, mask = sequence_logprobs(model, prompts, answers, pad_id=tok.pad_token_id)
+        loss = -(logp.sum() / mask.sum())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % cfg.check_every == 0 or step == cfg.max_steps:
+            acc = greedy_accuracy(model, tok, held, verifier, max_new_tokens, chat_template=chat_template)
+            if on_progress:
+                on_progress(step, acc)
+    model.eval()
+    entry.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(entry / "model.safetensors"))
+    (entry / "meta.json").write_text(json.dumps({"steps": step, "accuracy": acc}))
+    return WarmStartResult(step, acc, time.monotonic() - t0, cached=False)

@@ -1,0 +1,137 @@
+"""The SEE client every worker uses: typed publish, per-receiver subscriptions, dedup, dead letters."""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Iterable
+
+from google.protobuf.message import Message
+
+from mutualrl.see.broker import Broker, Entry
+from mutualrl.see.codec import PAYLOAD_KINDS, CodecError, EnvelopeCodec, kind_of
+from mutualrl.v1 import experience_pb2 as pb
+
+DEAD_LETTER = "deadletter"
+
+
+def stream_name(namespace: str, kind: str, producer: str) -> str:
+    """``<namespace>:<kind>:<producer>`` — one stream per experience type and producer (design.md)."""
+    return f"{namespace}:{kind}:{producer}"
+
+
+def dead_letter_stream(namespace: str) -> str:
+    return f"{namespace}:{DEAD_LETTER}"
+
+
+@dataclass(frozen=True)
+class Received:
+    envelope: pb.Envelope
+    entry: Entry
+
+    @property
+    def kind(self) -> str:
+        return self.envelope.WhichOneof("payload")
+
+    @property
+    def payload(self) -> Message:
+        return getattr(self.envelope, self.kind)
+
+
+class ExperienceExchange:
+    """Publishes a producer's experience and opens subscriptions for receivers.
+
+    ``namespace`` isolates experiments sharing one broker (``mutualrl:<run>``).
+    """
+
+    def __init__(self, broker: Broker, namespace: str, hmac_key: bytes | None = None, max_len: int | None = None):
+        self.broker = broker
+        self.namespace = namespace
+        self.codec = EnvelopeCodec(hmac_key)
+        self.max_len = max_len
+        self.published: Counter[str] = Counter()
+
+    def publish(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> str:
+        """Wrap, sign and append; returns the message id (the receivers' dedup key)."""
+        env = self.codec.wrap(payload, producer, weights_version, message_id)
+        kind = kind_of(payload)
+        self.broker.publish(stream_name(self.namespace, kind, producer), self.codec.encode(env), self.max_len)
+        self.published[kind] += 1
+        return env.message_id
+
+    def publish_many(self, payloads: Iterable[Message], producer: str, weights_version: int = 0) -> list[str]:
+        return [self.publish(p, producer, weights_version) for p in payloads]
+
+    def subscribe(self, receiver: str, kinds: list[str], producers: list[str], consumer: str | None = None) -> "Subscription":
+        for k in kinds:
+            if k not in PAYLOAD_KINDS:
+                raise ValueError(f"unknown experience kind {k!r}; valid: {', '.join(PAYLOAD_KINDS)}")
+        streams = [stream_name(self.namespace, k, p) for k in kinds for p in producers]
+        return Subscription(self, receiver, consumer or f"{receiver}-0", streams)
+
+
+class Subscription:
+    """One receiver's consumer-group view of a set of streams.
+
+    Messages that fail to decode or validate are moved to the dead-letter stream
+    with the reason and acknowledged, so one broken message never blocks the
+    consumer. Messages already seen (by id) are acknowledged and skipped: the
+    broker delivers at least once, the receiver counts each message once.
+    """
+
+    def __init__(self, exchange: ExperienceExchange, receiver: str, consumer: str, streams: list[str], dedup_window: int = 100_000):
+        self.ex = exchange
+        self.group = receiver
+        self.consumer = consumer
+        self.streams = streams
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._dedup_window = dedup_window
+        self.counts: Counter[str] = Counter()
+        for s in streams:
+            exchange.broker.ensure_group(s, self.group, start="0")
+
+    def _accept(self, entries: list[Entry]) -> list[Received]:
+        out: list[Received] = []
+        for e in entries:
+            try:
+                env = self.ex.codec.decode(e.data)
+            except CodecError as err:
+                self._dead_letter(e, err.reason, str(err))
+                continue
+            if env.message_id in self._seen:
+                self.counts["duplicate"] += 1
+                self.ex.broker.ack(e.stream, self.group, [e.entry_id])
+                continue
+            out.append(Received(env, e))
+        return out
+
+    def _dead_letter(self, e: Entry, reason: str, detail: str) -> None:
+        # The dead-letter record keeps the reason, the origin and the original bytes for inspection.
+        record = f"{reason}\x00{e.stream}\x00{e.entry_id}\x00{detail}\x00".encode() + e.data
+        self.ex.broker.publish(dead_letter_stream(self.ex.namespace), record, self.ex.max_len)
+        self.ex.broker.ack(e.stream, self.group, [e.entry_id])
+        self.counts[f"dead_letter:{reason}"] += 1
+
+    def poll(self, count: int = 1000, block_ms: int | None = None) -> list[Received]:
+        """New messages (decoded, validated, not seen before). Call :meth:`ack` after using them."""
+        if not self.streams:
+            return []
+        return self._accept(self.ex.broker.read(self.group, self.consumer, self.streams, count, block_ms))
+
+    def reclaim(self, min_idle_ms: int, count: int = 1000) -> list[Received]:
+        """Take over entries a dead consumer of this group left pending."""
+        entries: list[Entry] = []
+        for s in self.streams:
+            entries += self.ex.broker.claim_idle(s, self.group, self.consumer, min_idle_ms, count)
+        return self._accept(entries)
+
+    def ack(self, received: Iterable[Received]) -> None:
+        for r in received:
+            self.ex.broker.ack(r.entry.stream, self.group, [r.entry.entry_id])
+            self._seen[r.envelope.message_id] = None
+            self.counts[r.kind] += 1
+        while len(self._seen) > self._dedup_window:
+            self._seen.popitem(last=False)
+
+    def pending(self) -> int:
+        return sum(self.ex.broker.pending_count(s, self.group) for s in self.streams)

@@ -1,0 +1,113 @@
+"""Byte spans per token and many-to-many alignment groups (algorithms.md §3.2 step 2, §4).
+
+Spans come from incremental decoding, which works for every tokenizer kind
+(byte-level BPE, Metaspace/Unigram, WordLevel, WordPiece) without relying on
+offset mappings that some tokenizers do not provide for decoded text. A token
+that ends inside a multi-byte UTF-8 character (byte-level BPE can split one)
+gets a zero-width span at the last complete character boundary, so it merges
+into the group of the token that completes the character.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+REPLACEMENT = "\ufffd"
+
+
+def _decode(tok: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def token_byte_spans(tok: PreTrainedTokenizerBase, ids: list[int], text: str | None = None) -> tuple[str, list[tuple[int, int]]]:
+    """Decoded text and the ``[start, end)`` UTF-8 byte span of every token in ``ids``.
+
+    Special tokens get zero-width spans. Ends are non-decreasing and the last one
+    equals the byte length of the decoded text.
+    """
+    full = _decode(tok, ids) if text is None else text
+    full_b = full.encode("utf-8")
+    spans: list[tuple[int, int]] = []
+    prev = 0
+    for i in range(len(ids)):
+        prefix = _decode(tok, ids[: i + 1])
+        if prefix.endswith(REPLACEMENT) and not full.startswith(prefix):
+            prefix = prefix.rstrip(REPLACEMENT)  # token ends mid-character: boundary not reached yet
+        end = len(prefix.encode("utf-8"))
+        if not full_b.startswith(prefix.encode("utf-8")):
+            # Decoding is not prefix-stable here (e.g. a decoder that strips a leading
+            # space only at the start); fall back to the longest common prefix.
+            end = _common_prefix_len(full_b, prefix.encode("utf-8"))
+        end = max(prev, min(end, len(full_b)))
+        spans.append((prev, end))
+        prev = end
+    if spans and prev < len(full_b):
+        s, _ = spans[-1]
+        spans[-1] = (s, len(full_b))
+    return full, spans
+
+
+def _common_prefix_len(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(frozen=True)
+class AlignmentGroup:
+    """Source and target token indices covering exactly the bytes ``[start, end)``."""
+
+    source: tuple[int, ...]
+    target: tuple[int, ...]
+    start: int
+    end: int
+
+    def to_dict(self) -> dict:
+        return {"source": list(self.source), "target": list(self.target), "bytes": [self.start, self.end]}
+
+
+def align_spans(src: list[tuple[int, int]], tgt: list[tuple[int, int]]) -> list[AlignmentGroup]:
+    """Greedy two-pointer grouping at coinciding byte boundaries.
+
+    Both span lists must tile the same byte range ``[0, N)``. A group closes when
+    the source and target ends coincide; zero-width tokens join the group they
+    sit in. The result partitions the bytes and every token index appears in
+    exactly one group.
+    """
+    groups: list[AlignmentGroup] = []
+    i = j = 0
+    start = 0
+    cur_s: list[int] = []
+    cur_t: list[int] = []
+    while i < len(src) or j < len(tgt):
+        s_end = src[i][1] if i < len(src) else None
+        t_end = tgt[j][1] if j < len(tgt) else None
+        if t_end is None or (s_end is not None and s_end < t_end):
+            cur_s.append(i)
+            i += 1
+        elif s_end is None or t_end < s_end:
+            cur_t.append(j)
+            j += 1
+        else:
+            cur_s.append(i)
+            cur_t.append(j)
+            i += 1
+            j += 1
+            # absorb following zero-width tokens ending at the same boundary
+            while i < len(src) and src[i][0] == src[i][1] == s_end:
+                cur_s.append(i)
+                i += 1
+            while j < len(tgt) and tgt[j][0] == tgt[j][1] == t_end:
+                cur_t.append(j)
+                j += 1
+            groups.append(AlignmentGroup(tuple(cur_s), tuple(cur_t), start, s_end))
+            start = s_end
+            cur_s, cur_t = [], []
+    if cur_s or cur_t:
+        end = max([src[k][1] for k in cur_s] + [tgt[k][1] for k in cur_t] + [start])
+        groups.append(AlignmentGroup(tuple(cur_s), tuple(cur_t), start, end))
+    return groups

@@ -1,0 +1,50 @@
+"""The engine interface every rollout backend implements (engines.md §6)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mutualrl.models.generation import Sample
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    n: int = 1
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class EngineInfo:
+    engine: str  # backend name, e.g. "hf"
+    engine_version: str
+    model: str
+    weights_version: int
+    logprob_mode: str  # what the returned log-probs mean
+    capabilities: dict[str, bool] = field(default_factory=dict)
+
+
+class RolloutEngine(ABC):
+    """Generates groups with behaviour log-probs and swaps weights atomically.
+
+    ``generate`` never runs against a weights version that has not finished
+    loading: ``update_weights`` returns only once the new version is served.
+    """
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
+        """``spec.n`` samples for each prompt, grouped per prompt in prompt order."""
+
+    @abstractmethod
+    def update_weights(self, version: int, uri: str) -> None: ...
+
+    @abstractmethod
+    def health(self) -> Literal["ok", "starting", "down"]: ...
+
+    @abstractmethod
+    def info(self) -> EngineInfo: ...

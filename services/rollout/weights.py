@@ -1,0 +1,82 @@
+"""Versioned weight store: learners write a version, rollout engines load it by URI.
+
+Two backends behind one class: ``inproc://`` keeps state dicts in memory for
+embedded runs; a directory stores ``<policy>/v<version>/model.safetensors`` for
+multi-process runs. A version is readable only after ``put`` returns (written
+to a temp name, then renamed), and old versions are deleted only when a
+consumer acknowledges a newer one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def _checksum(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class WeightStore:
+    def __init__(self, root: str | Path | None = None, keep: int = 2):
+        self.root = Path(root) if root else None
+        self.keep = keep
+        self._mem: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, policy: str, version: int, state: dict[str, torch.Tensor]) -> tuple[str, str]:
+        """Store a version; returns ``(uri, checksum)``."""
+        cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+        checksum = _checksum(cpu)
+        if self.root is None:
+            with self._lock:
+                self._mem[(policy, version)] = cpu
+            return f"inproc://{policy}/{version}", checksum
+        final = self.root / policy / f"v{version}"
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file(_dedup_shared(cpu), str(tmp / "model.safetensors"), metadata={"checksum": checksum})
+        os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
+        return str(final), checksum
+
+    def get(self, uri: str, checksum: str | None = None) -> dict[str, torch.Tensor]:
+        if uri.startswith("inproc://"):
+            policy, _, version = uri.removeprefix("inproc://").rpartition("/")
+            with self._lock:
+                state = self._mem.get((policy, int(version)))
+            if state is None:
+                raise FileNotFoundError(f"no weights at {uri}")
+        else:
+            path = Path(uri) / "model.safetensors"
+            if not path.is_file():
+                raise FileNotFoundError(f"no weights at {uri}")
+            state = load_file(str(path))
+        if checksum and _checksum(state) != checksum:
+            raise ValueError(f"checksum mismatch for {uri}")
+        return state
+
+    def acknowledge(self, policy: str, version: int) -> None:
+        """A consumer serves ``version``: versions older than the last ``keep`` may go."""
+        with self._lock:
+            for key in [k for k in self._mem if k[0] == policy and k[1] <= version - self.keep]:
+                del self._mem[key]
+        if self.root is not None and (self.root / policy).is_dir():
+            for d in (self.root / policy).iterdir():
+                if d.name.startswith("v") and d.name[1:].isdigit() and int(d.name[1:]) <= version - self.keep:
+                    shutil.rmtree(d, ignore_errors=True)
+
+
+def _dedup_shared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors sharing memory (tied embeddings); we copied already, so just clone."""
+    return {k: v.clone() for k, v in state.items()}

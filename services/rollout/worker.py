@@ -1,0 +1,133 @@
+"""The rollout worker: sample the step's prompts, verify, publish experience through SEE."""
+
+from __future__ import annotations
+
+import statistics
+import zlib
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from mutualrl.models.policy import encode_prompt
+from mutualrl.see import ExperienceExchange
+from mutualrl.services.rollout.engine import RolloutEngine, SamplingSpec
+from mutualrl.tasks import Problem, Verifier
+from mutualrl.v1 import experience_pb2 as pb
+
+
+@dataclass
+class StepRollouts:
+    step: int
+    rewards: dict[str, list[float]] = field(default_factory=dict)  # prompt_id -> G rewards
+    published: int = 0
+    successes_published: int = 0
+
+    @property
+    def reward_mean(self) -> float:
+        flat = [r for rs in self.rewards.values() for r in rs]
+        return sum(flat) / len(flat) if flat else 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(len(rs) for rs in self.rewards.values())
+
+
+class RolloutWorker:
+    """One per policy. Publishes, per step: a ``Rollout`` per completion, an
+    ``AdvantageStats`` per prompt, and a ``VerifiedSuccess`` per distinct
+    verified-correct completion (what SGT peers consume)."""
+
+    def __init__(
+        self,
+        policy: str,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        verifier: Verifier,
+        exchange: ExperienceExchange,
+        *,
+        fingerprint: str,
+        sampling: SamplingSpec,
+        seed: int = 0,
+        chat_template: bool | None = None,
+    ):
+        self.policy = policy
+        self.engine = engine
+        self.tok = tokenizer
+        self.verifier = verifier
+        self.ex = exchange
+        self.fingerprint = fingerprint
+        self.sampling = sampling
+        self.seed = seed
+        self.chat_template = chat_template
+        self.total_rollouts = 0
+
+    def _spec(self, step: int) -> SamplingSpec:
+        # A distinct, reproducible stream per (run seed, policy, step).
+        s = zlib.crc32(f"{self.seed}:{self.policy}:{step}".encode())
+        return SamplingSpec(**{**self.sampling.__dict__, "seed": s})
+
+    def run_step(self, step: int, problems: list[Problem]) -> StepRollouts:
+        version = self.engine.info().weights_version
+        prompt_ids = [encode_prompt(self.tok, p.prompt, self.chat_template) for p in problems]
+        groups = self.engine.generate(prompt_ids, self._spec(step))
+        result = StepRollouts(step)
+        G = self.sampling.n
+        for problem, p_ids, group in zip(problems, prompt_ids, groups):
+            texts = [self.tok.decode(s.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) for s in group]
+            rewards = self.verifier.score_many([problem] * len(group), texts)
+            result.rewards[problem.prompt_id] = rewards
+            seen_success: set[str] = set()
+            for i, (s, text, r) in enumerate(zip(group, texts, rewards)):
+                self.ex.publish(
+                    pb.Rollout(
+                        prompt_id=problem.prompt_id,
+                        prompt_text=problem.prompt,
+                        completion_text=text,
+                        prompt_token_ids=p_ids,
+                        token_ids=s.token_ids,
+                        logprobs=s.logprobs,
+                        reward=r,
+                        verified=True,
+                        finish_reason=s.finish_reason,
+                        step=step,
+                        sample_index=i,
+                        group_size=G,
+                        tokenizer_fingerprint=self.fingerprint,
+                    ),
+                    self.policy,
+                    version,
+                )
+                result.published += 1
+                if r > 0 and text not in seen_success:
+                    seen_success.add(text)
+                    self.ex.publish(
+                        pb.VerifiedSuccess(
+                            prompt_id=problem.prompt_id,
+                            prompt_text=problem.prompt,
+                            completion_text=text,
+                            token_ids=s.token_ids,
+                            logprobs=s.logprobs,
+                            reward=r,
+                            verifier=self.verifier.name,
+                            verifier_version=self.verifier.version,
+                            step=step,
+                            tokenizer_fingerprint=self.fingerprint,
+                        ),
+                        self.policy,
+                        version,
+                    )
+                    result.successes_published += 1
+            self.ex.publish(
+                pb.AdvantageStats(
+                    prompt_id=problem.prompt_id,
+                    step=step,
+                    count=len(rewards),
+                    mean=statistics.fmean(rewards),
+                    std=statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
+                    success_rate=sum(1 for r in rewards if r > 0) / len(rewards),
+                ),
+                self.policy,
+                version,
+            )
+        self.total_rollouts += result.count
+        return result

@@ -1,0 +1,85 @@
+"""Experiment-file validation: good files load, bad ones give one clear line (and exit 2 from the CLI)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mutualrl.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo.yaml"
+
+
+def test_demo_config_validates():
+    cfg = load_config(DEMO)
+    assert [p.name for p in cfg.policies] == ["llama-char", "gpt2-bpe"]
+    assert cfg.sharing.mode == "sgt"
+    assert cfg.sharing.sgt.weight == pytest.approx(0.1)
+
+
+def test_overrides_by_path_index_and_policy_name():
+    cfg = load_config(DEMO, ["budget.steps=2", "policies.0.optim.lr=3e-4", "policies.gpt2-bpe.engine.temperature=0.7", "sharing.mode=none"])
+    assert cfg.budget.steps == 2
+    assert cfg.policies[0].optim.lr == pytest.approx(3e-4)
+    assert cfg.policies[1].engine.temperature == pytest.approx(0.7)
+    assert cfg.sharing.mode == "none"
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "exp.yaml"
+    p.write_text(text)
+    return p
+
+
+MINIMAL = """
+name: t
+policies:
+  - name: a
+    model: {family: llama}
+    tokenizer: {kind: char}
+"""
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("name: t\npolicies: [\n", "malformed YAML"),
+        (MINIMAL + "sharing: {mode: telepathy}\n", "sharing.mode"),
+        (MINIMAL + "budget: {steps: many}\n", "budget.steps"),
+        (MINIMAL + "budget: {stepz: 3}\n", "budget.stepz: unknown field"),
+        (MINIMAL.replace("{family: llama}", "{path: ./no/such/model}").replace("    tokenizer: {kind: char}\n", ""), "does not exist"),
+        (MINIMAL.replace("{family: llama}", "{family: mamba}"), "policies.0.model.family"),
+        (MINIMAL + "sharing: {mode: sgt}\n", "needs at least two policies"),
+        ("- just\n- a list\n", "expected a mapping"),
+    ],
+)
+def test_bad_input_gives_one_clear_line(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, text))
+    msg = str(e.value)
+    assert needle in msg
+    assert "\n" not in msg
+
+
+def test_bad_override_is_a_config_error():
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config(DEMO, ["budget.steps"])
+    with pytest.raises(ConfigError, match="no list item"):
+        load_config(DEMO, ["policies.nobody.optim.lr=1"])
+
+
+def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path):
+    bad = _write(tmp_path, MINIMAL + "sharing: {mode: telepathy}\n")
+    for cmd in (["validate", str(bad)], ["run", str(bad)], ["run", str(DEMO), "--set", "budget.steps=-1"], ["run", str(tmp_path / "missing.yaml")]):
+        p = subprocess.run([sys.executable, "-m", "mutualrl.cli", *cmd], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2, (cmd, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+
+
+def test_cli_validate_ok():
+    p = subprocess.run([sys.executable, "-m", "mutualrl.cli", "validate", str(DEMO)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "ok" in p.stdout

@@ -1,0 +1,109 @@
+"""Tokenizers of three algorithms, three model families, save/load, and exact generation log-probs."""
+
+import pytest
+import torch
+
+from mutualrl.models import build_model, load_policy, load_tokenizer, encode_prompt, encode_completion
+from mutualrl.models.families import ModelShape
+from mutualrl.models.generation import sample, sequence_logprobs
+from mutualrl.models.policy import tokenizer_fingerprint
+
+SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=64)
+TEXTS = ["12+34=46", "9+9=18", "0+0=0", "99+1=100"]
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "unigram"])
+def test_tokenizer_roundtrip_and_specials(tokenizers, kind):
+    tok = tokenizers[kind]
+    for t in TEXTS:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) == t
+    assert encode_prompt(tok, "1+2=", False)[0] == tok.bos_token_id
+    assert encode_completion(tok, "3")[-1] == tok.eos_token_id
+    assert tok.pad_token_id is not None and tok.padding_side == "left"
+
+
+def test_tokenizers_really_differ(tokenizers):
+    fps = {tokenizer_fingerprint(t) for t in tokenizers.values()}
+    assert len(fps) == 3
+    lens = {k: len(t("12+34=46", add_special_tokens=False)["input_ids"]) for k, t in tokenizers.items()}
+    assert lens["bpe"] < lens["char"]  # BPE merged something
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "unigram"])
+def test_tokenizer_save_load(tmp_path, tokenizers, kind):
+    tok = tokenizers[kind]
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert tokenizer_fingerprint(again) == tokenizer_fingerprint(tok)
+    assert again("12+34=", add_special_tokens=True)["input_ids"] == tok("12+34=", add_special_tokens=True)["input_ids"]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_model_families_build_and_are_seeded(tokenizers, family):
+    tok = tokenizers["char"]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    a = build_model(family, len(tok), SHAPE, ids, seed=3)
+    b = build_model(family, len(tok), SHAPE, ids, seed=3)
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+    assert a.config.model_type == family
+    with pytest.raises(ValueError, match="valid: gpt2, llama, qwen2"):
+        build_model("rwkv", len(tok), SHAPE, ids)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_sampled_logprobs_match_rescoring(tokenizers, family):
+    """The behaviour log-probs returned by sampling equal a fresh teacher-forced forward pass,
+    under left padding with prompts of different lengths — the contract PPO ratios rely on."""
+    tok = tokenizers["bpe"]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    model = build_model(family, len(tok), SHAPE, ids, seed=0).eval()
+    prompts = [encode_prompt(tok, p, False) for p in ["1+2=", "45+67=", "9+"]]
+    g = torch.Generator().manual_seed(0)
+    outs = sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=6, generator=g)
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(model, prompts, [o.token_ids for o in outs], pad_id=tok.pad_token_id)
+    for i, o in enumerate(outs):
+        got = logp[i][mask[i].bool()]
+        assert torch.allclose(got, torch.tensor(o.logprobs), atol=1e-4), (family, i)
+        assert o.finish_reason in ("stop", "length")
+
+
+def test_greedy_is_deterministic(tokenizers):
+    tok = tokenizers["char"]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    model = build_model("llama", len(tok), SHAPE, ids).eval()
+    p = [encode_prompt(tok, "1+2=", False)]
+    a = sample(model, p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=5, temperature=0)
+    b = sample(model, p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=5, temperature=0)
+    assert a[0].token_ids == b[0].token_ids
+
+
+def test_built_policy_saves_and_loads_from_a_local_path(tmp_path, arithmetic_task):
+    arts = load_policy(family="qwen2", shape=SHAPE, tokenizer_kind="unigram", vocab_size=200,
+                       corpus=arithmetic_task.corpus, corpus_fingerprint=arithmetic_task.fingerprint(), seed=1)
+    arts.model.save_pretrained(tmp_path)
+    arts.tokenizer.save_pretrained(tmp_path)
+    again = load_policy(path=str(tmp_path))
+    assert again.fingerprint == arts.fingerprint
+    assert again.source == str(tmp_path)
+    for (k, v), (k2, v2) in zip(arts.model.state_dict().items(), again.model.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+
+
+def test_built_tokenizer_is_cached_by_content(arithmetic_task):
+    kw = dict(family="llama", shape=SHAPE, tokenizer_kind="bpe", vocab_size=280, corpus=arithmetic_task.corpus, corpus_fingerprint=arithmetic_task.fingerprint())
+    a = load_policy(**kw)
+    calls = []
+    b = load_policy(**{**kw, "corpus": lambda: calls.append(1) or arithmetic_task.corpus()})
+    assert calls == []  # second load came from the cache
+    assert a.fingerprint == b.fingerprint
+
+
+def test_policy_needs_exactly_one_source(tmp_path):
+    with pytest.raises(ValueError, match="exactly one"):
+        load_policy()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_policy(path=str(tmp_path / "empty"))
