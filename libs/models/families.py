@@ -62,6 +62,9 @@ def _gpt2(vocab: int, s: ModelShape, ids: dict[str, int]) -> PreTrainedModel:
         n_head=s.num_heads,
         n_inner=s.intermediate_size,
         n_positions=s.max_positions,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
         **ids,
     )
     return GPT2LMHeadModel(cfg)

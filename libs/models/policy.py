@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from mutualrl.models.families import ModelShape, build_model
 from mutualrl.models.tokenizers import build_tokenizer, load_tokenizer
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
 
 
 def default_cache_dir() -> Path:
@@ -116,6 +116,7 @@ def load_policy(
     if model.get_input_embeddings().num_embeddings < len(tok):
         raise ValueError(f"model vocabulary ({model.get_input_embeddings().num_embeddings}) is smaller than the tokenizer's ({len(tok)})")
     model.generation_config.pad_token_id = tok.pad_token_id
+    disable_dropout(model)
     return PolicyArtifacts(model=model, tokenizer=tok, source=source, fingerprint=tokenizer_fingerprint(tok))
 
 
@@ -128,6 +129,18 @@ def _cached_tokenizer(kind: str, vocab_size: int, corpus: Callable[[], list[str]
             _atomic_dir(entry, lambda d: tok.save_pretrained(d))
         return tok, ("built", key)
     return load_tokenizer(entry), ("built", key)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """RL needs the learner's log-probs to equal the sampler's: with dropout active in the
+    learner's train-mode forward, the first on-policy PPO ratio is already != 1 and clips
+    spuriously (GPT-2 configs default to p=0.1). verl and TRL disable it likewise."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    for attr in ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout", "dropout"):
+        if isinstance(getattr(model.config, attr, None), float):
+            setattr(model.config, attr, 0.0)
 
 
 def encode_prompt(tok: PreTrainedTokenizerBase, text: str, use_chat_template: bool | None = None) -> list[int]:

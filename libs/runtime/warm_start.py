@@ -37,7 +37,7 @@ class WarmStartResult:
 
 
 def _key(source: str, cfg: WarmStartConfig, task_fp: str, seed: int, max_new_tokens: int) -> str:
-    blob = json.dumps([source, cfg.model_dump(), task_fp, seed, max_new_tokens, "ws1"], sort_keys=True)
+    blob = json.dumps([source, cfg.model_dump(), task_fp, seed, max_new_tokens, "ws2"], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 

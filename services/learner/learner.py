@@ -123,7 +123,7 @@ class Learner:
         logp, mask = sequence_logprobs(self.model, prompts, completions, pad_id=self.tok.pad_token_id)  # [B, T]
         pg = ppo_clip_loss(logp, old_logp, adv, mask, clip_low=a.clip_low, clip_high=a.clip_high, loss_agg=a.loss_agg)
         loss = pg.loss
-        metrics: dict = {"pg_loss": float(pg.loss), **pg.metrics}
+        metrics: dict = {"pg_loss": float(pg.loss.detach()), **pg.metrics}
 
         kl_value = 0.0
         if a.kl_coef > 0 and self.ref_model is not None:
@@ -131,7 +131,7 @@ class Learner:
                 ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=self.tok.pad_token_id)
             kl = agg_loss(kl_penalty(logp, ref_logp, "k3"), mask, a.loss_agg)
             loss = loss + a.kl_coef * kl
-            kl_value = float(kl)
+            kl_value = float(kl.detach())
         else:
             kl_value = metrics["approx_kl"]
 
@@ -149,7 +149,7 @@ class Learner:
                 r_logp, r_mask = sequence_logprobs(self.model, [x.prompt_ids for x in rescues], [x.completion_ids for x in rescues], pad_id=self.tok.pad_token_id)
                 nll = sgt_nll(r_logp, r_mask)
                 loss = loss + sgt.weight * nll
-                metrics["sgt_nll"] = float(nll)
+                metrics["sgt_nll"] = float(nll.detach())
         gate_open = sum(1 for n in own_successes.values() if n <= self.s.sharing.sgt.gate_tau * self.s.group_size)
 
         if not torch.isfinite(loss):
@@ -176,7 +176,7 @@ class Learner:
             "step": step,
             "policy": self.policy,
             "reward_mean": float(rewards.mean()),
-            "loss": float(loss),
+            "loss": float(loss.detach()),
             "kl": kl_value,
             "clip_frac": metrics["clip_frac"],
             "grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else None,

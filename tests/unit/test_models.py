@@ -107,3 +107,15 @@ def test_policy_needs_exactly_one_source(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_policy(path=str(tmp_path / "empty"))
+
+
+def test_loaded_policies_have_no_dropout(arithmetic_task):
+    """Train-mode forward must equal eval-mode forward, or on-policy PPO ratios drift from 1."""
+    arts = load_policy(family="gpt2", shape=SHAPE, tokenizer_kind="char", corpus=arithmetic_task.corpus, corpus_fingerprint=arithmetic_task.fingerprint())
+    tok, model = arts.tokenizer, arts.model
+    p, c = [encode_prompt(tok, "1+2=", False)], [encode_completion(tok, "3")]
+    model.train()
+    a, _ = sequence_logprobs(model, p, c, pad_id=tok.pad_token_id)
+    model.eval()
+    b, _ = sequence_logprobs(model, p, c, pad_id=tok.pad_token_id)
+    assert torch.allclose(a, b)

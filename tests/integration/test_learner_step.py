@@ -1,0 +1,127 @@
+"""One real learner step over the in-process SEE: the learning signal moves the right way,
+SGT rescues cross tokenizers, and false success claims are rejected."""
+
+import copy
+
+import pytest
+import torch
+
+from mutualrl.config import AlgorithmConfig, SharingConfig
+from mutualrl.config.schema import OptimConfig, SgtConfig
+from mutualrl.models import load_policy
+from mutualrl.models.families import ModelShape
+from mutualrl.models.generation import sequence_logprobs
+from mutualrl.see import ExperienceExchange, InProcessBroker
+from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
+from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec, WeightStore
+from mutualrl.tasks import Problem
+from mutualrl.tasks.verifiers import ExactMatchVerifier
+from mutualrl.thl import ThlBudget
+from mutualrl.v1 import experience_pb2 as pb
+
+SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=64)
+
+
+class _Oracle(ExactMatchVerifier):
+    """Rewards completions that start with the answer's first character: frequent enough
+    for a random tiny model that groups have mixed rewards."""
+
+    def score(self, problem, completion):
+        return 1.0 if completion[:1] == problem.answer[:1] else 0.0
+
+
+def _policy(name, family, kind, task, seed):
+    return load_policy(family=family, shape=SHAPE, tokenizer_kind=kind, corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=seed)
+
+
+def _setup(task, mode="sgt", lr=1e-2):
+    ex = ExperienceExchange(InProcessBroker(), "mutualrl:it")
+    store = WeightStore()
+    reg = TokenizerRegistry()
+    pols = {"a": _policy("a", "llama", "char", task, 1), "b": _policy("b", "gpt2", "bpe", task, 2)}
+    for p in pols.values():
+        reg.register(p.fingerprint, p.tokenizer)
+    sharing = SharingConfig(mode=mode, sgt=SgtConfig(weight=1.0, gate_tau=1.0))
+    out = {}
+    for name, arts in pols.items():
+        verifier = _Oracle()
+        eng = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store)
+        worker = RolloutWorker(name, eng, arts.tokenizer, verifier, ex, fingerprint=arts.fingerprint, sampling=SamplingSpec(n=8, max_new_tokens=4))
+        intake = PeerIntake(arts.tokenizer, verifier, reg, ThlBudget())
+        settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=sharing, optim=OptimConfig(lr=lr), peer_deadline_s=2.0)
+        learner = Learner(name, arts.model, arts.tokenizer, ex, intake, store, settings, peers=[n for n in pols if n != name])
+        out[name] = (arts, eng, worker, learner)
+    return ex, store, out
+
+
+def test_grpo_step_raises_logprob_of_rewarded_completions(arithmetic_task):
+    ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3)
+    arts, eng, worker, learner = pols["a"]
+    problems = arithmetic_task.train[:8]
+    spy = ex.subscribe("spy", ["rollout"], ["a"])
+    worker.run_step(1, problems)
+    rolls = [r.payload for r in spy.poll()]
+    before = copy.deepcopy(arts.model.state_dict())
+    rec = learner.train_step(1, problems)
+    assert rec["reward_mean"] > 0 and rec["weights_version"] == 1
+    assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy: learner log-probs equal the sampler's
+    assert any(not torch.equal(before[k], v) for k, v in arts.model.state_dict().items())
+
+    # per-prompt advantage sign: rewarded completions gain log-prob, unrewarded lose it (on average)
+    by_group: dict[str, list] = {}
+    for r in rolls:
+        by_group.setdefault(r.prompt_id, []).append(r)
+    mixed = [r for g in by_group.values() if 0 < sum(x.reward for x in g) < len(g) for r in g]
+    assert mixed, "need at least one group with mixed rewards"
+    new_lp, mask = sequence_logprobs(arts.model, [list(r.prompt_token_ids) for r in mixed], [list(r.token_ids) for r in mixed], pad_id=arts.tokenizer.pad_token_id)
+    new_seq = (new_lp * mask).sum(-1)
+    old_seq = torch.tensor([sum(r.logprobs) for r in mixed])
+    delta = new_seq.detach() - old_seq
+    pos = torch.tensor([r.reward > 0 for r in mixed])
+    assert delta[pos].mean() > 0 > delta[~pos].mean()
+
+    # the rollout side loads the new version only after it is published
+    wp = [m for m in ex.subscribe("a-rollout", ["weights_published"], ["a"]).poll()]
+    assert len(wp) == 1 and wp[0].payload.version == 1
+    eng.update_weights(wp[0].payload.version, wp[0].payload.uri, wp[0].payload.checksum)
+    assert eng.info().weights_version == 1
+    with pytest.raises(ValueError, match="not newer"):
+        eng.update_weights(1, wp[0].payload.uri)
+
+
+def test_sgt_rescues_cross_tokenizers_and_rejects_false_claims(arithmetic_task):
+    ex, store, pols = _setup(arithmetic_task, mode="sgt")
+    problems = [Problem("12+34=", "46"), Problem("5+5=", "10")]
+    # learner "a" sees an all-fail own group on both prompts (rewards all 0)
+    a_arts, _, _, a_learner = pols["a"]
+    tok = a_arts.tokenizer
+    for p in problems:
+        ids = tok(p.prompt)["input_ids"]
+        comp = tok("0", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        for i in range(8):
+            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, prompt_token_ids=ids, token_ids=comp, logprobs=[-1.0] * len(comp), reward=0.0, step=1, sample_index=i, group_size=8), "a")
+    # peer "b" (BPE vocabulary) claims one true success and one false one
+    b_tok = pols["b"][0].tokenizer
+    b_fp = pols["b"][0].fingerprint
+    for p, claim in ((problems[0], "46"), (problems[1], "11")):
+        ids = b_tok(claim, add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
+        ex.publish(pb.VerifiedSuccess(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=claim, token_ids=ids, logprobs=[-0.5] * len(ids), reward=1.0, step=1, tokenizer_fingerprint=b_fp), "b")
+    a_learner.intake.verifier = ExactMatchVerifier()  # the receiver's own exact verifier re-checks claims
+    rec = a_learner.train_step(1, problems)
+    assert rec["rescue_count"] == 1
+    assert rec["peer_rejected"] == {"reverify_failed": 1}
+    assert rec["sgt_nll"] is not None and rec["sgt_nll"] > 0
+    assert rec["thl_residual"] == 0.0
+
+
+def test_learner_waits_for_its_deadline_then_trains_on_what_arrived(arithmetic_task):
+    ex, store, pols = _setup(arithmetic_task, mode="none")
+    arts, eng, worker, learner = pols["a"]
+    learner.s.peer_deadline_s = 0.3
+    problems = arithmetic_task.train[:4]
+    worker.run_step(1, problems[:2])  # only half of the expected rollouts ever arrive
+    rec = learner.train_step(1, problems)
+    assert rec["weights_version"] == 1 and rec["reward_mean"] >= 0
+    # nothing at all arrives: the step is skipped instead of deadlocking
+    rec = learner.train_step(2, problems)
+    assert rec.get("skipped") is True

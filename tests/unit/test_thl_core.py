@@ -1,0 +1,79 @@
+"""THL: conversion between tokenizers of different algorithms, exact log-prob transport, residuals."""
+
+import pytest
+
+from mutualrl.models import build_tokenizer
+from mutualrl.thl import ThlBudget, align_spans, convert, token_byte_spans, transport_logprobs
+
+PAIRS = [("char", "bpe"), ("bpe", "char"), ("bpe", "unigram"), ("unigram", "char"), ("char", "unigram"), ("unigram", "bpe")]
+
+
+@pytest.mark.parametrize("src,tgt", PAIRS)
+@pytest.mark.parametrize("text", ["46", "100", "12+34=46"])
+def test_exact_conversion_preserves_text_and_logprob_sum(tokenizers, src, tgt, text):
+    s, t = tokenizers[src], tokenizers[tgt]
+    ids = s(text, add_special_tokens=False)["input_ids"] + [s.eos_token_id]
+    lps = [-0.1 * (i + 1) for i in range(len(ids))]
+    c = convert(s, t, source_ids=ids, source_logprobs=lps)
+    assert c.text == text
+    assert t.decode(c.target_ids, skip_special_tokens=True) == text
+    assert c.residual.roundtrip_ok and c.residual.unaligned_fraction == 0.0
+    # EOS is excluded from the probability contract (algorithms.md §2.10)
+    assert sum(c.target_logprobs) == pytest.approx(sum(lps[:-1]), abs=1e-9)
+    assert c.residual.logprob_residual == pytest.approx(0.0, abs=1e-9)
+    assert all(c.target_mask)
+    # groups partition the bytes and cover every token once
+    assert c.groups[0].start == 0 and c.groups[-1].end == len(text.encode())
+    assert all(a.end == b.start for a, b in zip(c.groups, c.groups[1:]))
+    assert sorted(i for g in c.groups for i in g.target) == list(range(len(c.target_ids)))
+
+
+def test_many_to_many_groups_hand_checked():
+    # source tokens "12" "+3" ; target tokens "1" "2+" "3": boundaries coincide only at 3 bytes (end)
+    src = [(0, 2), (2, 4)]
+    tgt = [(0, 1), (1, 3), (3, 4)]
+    groups = align_spans(src, tgt)
+    assert [(g.source, g.target, g.start, g.end) for g in groups] == [((0, 1), (0, 1, 2), 0, 4)]
+    lps, mask = transport_logprobs(groups, [True], [-1.0, -2.0], 3, "spread")
+    assert lps == pytest.approx([-1.0, -1.0, -1.0]) and mask == [1, 1, 1]
+    lps, _ = transport_logprobs(groups, [True], [-1.0, -2.0], 3, "last")
+    assert lps == pytest.approx([0.0, 0.0, -3.0])
+
+
+def test_unrepresentable_text_is_reported_and_over_budget(tokenizers):
+    c = convert(None, tokenizers["char"], text="12ü3")  # 'ü' is not in the char vocabulary
+    assert not c.residual.roundtrip_ok
+    assert c.residual.unaligned_fraction > 0
+    assert ThlBudget().rejection(c.residual) == "roundtrip"
+    assert ThlBudget(require_roundtrip=False).rejection(c.residual) == "unaligned"
+
+
+def test_non_canonical_source_path_is_flagged(tokenizers):
+    bpe = tokenizers["bpe"]
+    # a merged two-character token, e.g. '+3' or '=4': sampling its characters one by one is a
+    # valid but non-canonical path to the same text
+    merged = next(t for t, i in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1]) if len(t) == 2 and all(c in "0123456789+=" for c in t))
+    split = [bpe.convert_tokens_to_ids(merged[0]), bpe.convert_tokens_to_ids(merged[1])]
+    c = convert(bpe, tokenizers["char"], source_ids=split, source_logprobs=[-1.0, -1.0])
+    assert c.residual.non_canonical and c.text == merged
+    assert c.residual.unaligned_fraction == 0 and sum(c.target_logprobs) == pytest.approx(-2.0)
+
+
+def test_multibyte_character_split_by_byte_level_tokens():
+    tok = build_tokenizer("bpe", ["ab"] * 10, 270)  # no merges involving 'é', so it is two byte tokens
+    ids = tok("é", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 2
+    text, spans = token_byte_spans(tok, ids)
+    assert text == "é" and spans == [(0, 0), (0, 2)]  # the first byte token ends mid-character
+    c = convert(tok, tok, source_ids=ids, source_logprobs=[-0.5, -0.25])
+    assert c.residual.unaligned_fraction == 0 and sum(c.target_logprobs) == pytest.approx(-0.75)
+
+
+def test_bad_input_is_an_error(tokenizers):
+    t = tokenizers["char"]
+    with pytest.raises(ValueError, match="must match"):
+        convert(t, t, source_ids=[5, 6], source_logprobs=[-1.0])
+    with pytest.raises(ValueError, match="needs source_ids or text"):
+        convert(t, t)
+    empty = convert(t, tokenizers["bpe"], source_ids=[t.eos_token_id], source_logprobs=[-1.0])
+    assert empty.text == "" and empty.target_ids == []
