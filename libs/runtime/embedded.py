@@ -8,6 +8,7 @@ them into processes swaps transports, not logic.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -135,7 +136,6 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
     last_eval: dict[str, float] = {rt.name: rt.warm_accuracy for rt in runtimes}
     for step in range(1, cfg.budget.steps + 1):
         problems = distributor.batch(step)
-        t_step = time.monotonic()
         gen = {}
         for rt in runtimes:
             t0 = time.monotonic()
@@ -163,7 +163,6 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
             writer.write(rec)
             recent.append(rec)
         rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
-        del t_step
     writer.close()
 
     rep.phase("writing checkpoints and summary")
@@ -196,7 +195,5 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
             for rt in runtimes
         },
     }
-    import json
-
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
