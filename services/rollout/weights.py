@@ -46,8 +46,12 @@ class WeightStore:
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_file(_dedup_shared(cpu), str(tmp / "model.safetensors"), metadata={"checksum": checksum})
-        os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
+        # `cpu` holds independent copies, so tied weights no longer share memory (safetensors refuses that)
+        save_file(cpu, str(tmp / "model.safetensors"), metadata={"checksum": checksum})
+        if final.exists():  # the same version written twice (a retried step): the first write stands
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, final)
         return str(final), checksum
 
     def get(self, uri: str, checksum: str | None = None) -> dict[str, torch.Tensor]:
@@ -76,7 +80,3 @@ class WeightStore:
                 if d.name.startswith("v") and d.name[1:].isdigit() and int(d.name[1:]) <= version - self.keep:
                     shutil.rmtree(d, ignore_errors=True)
 
-
-def _dedup_shared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses tensors sharing memory (tied embeddings); we copied already, so just clone."""
-    return {k: v.clone() for k, v in state.items()}
