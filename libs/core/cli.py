@@ -6,6 +6,7 @@ prints one line naming the problem and exits with code 2 — never a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -68,6 +69,36 @@ def run(
     out.print(f"[bold]done[/] → {target}")
     for name, p in summary["policies"].items():
         out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, rescues {p['rescue_count']}")
+
+
+thl_app = typer.Typer(no_args_is_help=True, help="Tokenizer Heterogeneity Layer tools.")
+app.add_typer(thl_app, name="thl")
+
+
+@thl_app.command("inspect")
+def thl_inspect(
+    source: Path = typer.Option(..., "--source", help="Source tokenizer directory."),
+    target: Path = typer.Option(..., "--target", help="Target tokenizer directory."),
+    text: str = typer.Option(..., "--text", help="Text to carry from source to target."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Show both tokenizations of TEXT, their byte-aligned groups and the residual."""
+    from mutualrl.models import load_tokenizer
+    from mutualrl.thl.inspect_cli import inspect_text, render_text
+
+    toks = []
+    for label, path in (("--source", source), ("--target", target)):
+        if not path.is_dir():
+            raise _fail(f"{label} {path}: not a tokenizer directory")
+        try:
+            toks.append(load_tokenizer(path))
+        except (OSError, ValueError) as e:
+            raise _fail(f"{label} {path}: cannot load a tokenizer ({str(e).splitlines()[0]})")
+    report = inspect_text(toks[0], toks[1], text)
+    if as_json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        out.print(render_text(report), highlight=False, markup=False)
 
 
 def main() -> None:
