@@ -110,4 +110,31 @@ def align_spans(src: list[tuple[int, int]], tgt: list[tuple[int, int]]) -> list[
     if cur_s or cur_t:
         end = max([src[k][1] for k in cur_s] + [tgt[k][1] for k in cur_t] + [start])
         groups.append(AlignmentGroup(tuple(cur_s), tuple(cur_t), start, end))
-    return groups
+    return _merge_one_sided(groups)
+
+
+def _merge_one_sided(groups: list[AlignmentGroup]) -> list[AlignmentGroup]:
+    """Fold groups that have tokens on one side only into a neighbour (the next, else the previous).
+
+    Such groups are zero-width tokens (``<unk>``, specials dropped by decoding)
+    with nowhere of their own to go; left alone, a source token's log-prob mass
+    would vanish without the residual saying so. When no group has tokens on
+    both sides nothing can be merged, and the caller reports the loss.
+    """
+    out: list[AlignmentGroup] = []
+    carry: AlignmentGroup | None = None
+    for g in groups:
+        if carry is not None:
+            g = AlignmentGroup(carry.source + g.source, carry.target + g.target, carry.start, g.end)
+            carry = None
+        if not g.source or not g.target:
+            carry = g
+            continue
+        out.append(g)
+    if carry is not None:
+        if out:
+            last = out.pop()
+            out.append(AlignmentGroup(last.source + carry.source, last.target + carry.target, last.start, max(last.end, carry.end)))
+        else:
+            out.append(carry)
+    return out

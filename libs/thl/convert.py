@@ -147,11 +147,13 @@ def convert(
 
     groups = align_spans(src_spans, tgt_spans)
     src_b, tgt_b = text.encode("utf-8"), tgt_text.encode("utf-8")
-    aligned = [src_b[g.start : g.end] == tgt_b[g.start : g.end] and bool(g.target) == bool(g.source or g.end == g.start) for g in groups]
+    aligned = [bool(g.source) and bool(g.target) and src_b[g.start : g.end] == tgt_b[g.start : g.end] for g in groups]
     total_bytes = max(len(src_b), len(tgt_b))
     unaligned_bytes = sum(g.end - g.start for g, ok in zip(groups, aligned) if not ok)
     unaligned_bytes += abs(len(src_b) - len(tgt_b)) if groups and groups[-1].end < total_bytes else 0
     unaligned = unaligned_bytes / total_bytes if total_bytes else 0.0
+    if ids and not any(g.source and g.target for g in groups):
+        unaligned = 1.0  # source tokens exist but nothing could be carried (e.g. only <unk> or specials)
 
     target_lps = target_mask = None
     eta = 0.0
