@@ -8,6 +8,7 @@ per message saying what could not be carried over exactly.
 
 from mutualrl.thl.alignment import AlignmentGroup, align_spans, token_byte_spans
 from mutualrl.thl.convert import Converted, Residual, ThlBudget, canonical_text, convert, transport_logprobs
+from mutualrl.thl.batch import convert_batch
 
 __all__ = [
     "AlignmentGroup",
@@ -19,4 +20,5 @@ __all__ = [
     "canonical_text",
     "convert",
     "transport_logprobs",
+    "convert_batch",
 ]

@@ -97,6 +97,8 @@ def align_spans(src: list[tuple[int, int]], tgt: list[tuple[int, int]]) -> list[
             cur_t.append(j)
             i += 1
             j += 1
+            if s_end == start:
+                continue  # a zero-width boundary (tokens at byte 0): keep growing the first group
             # absorb following zero-width tokens ending at the same boundary
             while i < len(src) and src[i][0] == src[i][1] == s_end:
                 cur_s.append(i)
