@@ -24,6 +24,27 @@ from mutualrl.thl.alignment import AlignmentGroup, token_byte_spans
 from mutualrl.thl.convert import Converted, Residual, _strip_eos, convert
 
 
+def _backend(tok: PreTrainedTokenizerBase):
+    """The Rust tokenizer behind a fast tokenizer (skipping the Python wrapper's per-item work),
+    or None for slow tokenizers."""
+    return getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
+
+
+def _encode_batch(tok: PreTrainedTokenizerBase, texts: list[str]) -> dict:
+    be = _backend(tok)
+    if be is None:
+        return tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    encs = be.encode_batch(texts, add_special_tokens=False)
+    return {"input_ids": [e.ids for e in encs], "offset_mapping": [e.offsets for e in encs]}
+
+
+def _decode_batch(tok: PreTrainedTokenizerBase, ids: list[list[int]]) -> list[str]:
+    be = _backend(tok)
+    if be is None:
+        return tok.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return be.decode_batch(ids, skip_special_tokens=True)
+
+
 def _byte_ends(offsets: Sequence[tuple[int, int]], text: str) -> np.ndarray | None:
     """Byte end of each token from char offsets; None when the offsets cannot tile the text."""
     n = len(offsets)
@@ -34,7 +55,8 @@ def _byte_ends(offsets: Sequence[tuple[int, int]], text: str) -> np.ndarray | No
         starts, ends = off[:, 0], off[:, 1]
         total = len(text)
     else:
-        char_bytes = np.fromiter((len(c.encode("utf-8")) for c in text), dtype=np.int64, count=len(text))
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        char_bytes = 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)  # UTF-8 length per code point
         prefix = np.concatenate([[0], np.cumsum(char_bytes)])
         starts, ends = prefix[off[:, 0]], prefix[off[:, 1]]
         total = int(prefix[-1])
@@ -75,10 +97,10 @@ def convert_batch(
         ids, lps = _strip_eos(source_tok, list(ids), list(lps) if lps is not None else None)
         ids_list.append(ids)
         lps_list.append(lps)
-    texts = source_tok.batch_decode(ids_list, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    src_enc = source_tok(texts, add_special_tokens=False, return_offsets_mapping=True)
-    tgt_enc = target_tok(texts, add_special_tokens=False, return_offsets_mapping=True)
-    tgt_texts = target_tok.batch_decode(tgt_enc["input_ids"], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    texts = _decode_batch(source_tok, ids_list)
+    src_enc = _encode_batch(source_tok, texts)
+    tgt_enc = _encode_batch(target_tok, texts)
+    tgt_texts = _decode_batch(target_tok, tgt_enc["input_ids"])
 
     out: list[Converted] = []
     for k, text in enumerate(texts):
