@@ -13,6 +13,14 @@ import torch  # noqa: E402
 
 torch.set_num_threads(2)
 
+from hypothesis import settings  # noqa: E402
+
+# CI replays the same examples every run (a red CI always means a regression); local runs
+# draw new examples each time, which is how edge cases get found.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _artifact_cache(tmp_path_factory):
