@@ -61,11 +61,8 @@ def run(
     try:
         with LiveReporter(cfg) as reporter:
             summary = run_embedded(cfg, target, reporter)
-    except (FileNotFoundError, OSError, ValueError) as e:
-        # loading errors (missing model files, unreadable tokenizers) are input problems, not bugs
-        if isinstance(e, (FileNotFoundError, ValueError)) or "does not appear to have" in str(e):
-            raise _fail(str(e).splitlines()[0])
-        raise
+    except ConfigError as e:  # inputs that failed to load; any other error is a bug and keeps its traceback
+        raise _fail(str(e))
     out.print(f"[bold]done[/] → {target}")
     for name, p in summary["policies"].items():
         out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, rescues {p['rescue_count']}")

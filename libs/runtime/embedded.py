@@ -13,11 +13,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
-from mutualrl.config import ExperimentConfig, dump_config
+from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.families import ModelShape
 from mutualrl.models.policy import PolicyArtifacts, default_cache_dir, load_policy
 from mutualrl.runtime.distributor import PromptDistributor
@@ -29,6 +30,17 @@ from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, Toke
 from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec, WeightStore
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
 from mutualrl.thl import ThlBudget
+
+
+@contextmanager
+def _input_errors(what: str) -> Iterator[None]:
+    """Failures while *loading* user-named inputs (files that are missing or malformed, paths
+    that are not models) are input problems: re-raise them as ConfigError, which the CLI
+    prints as one line. Errors anywhere else keep their type and traceback."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
 def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
@@ -74,7 +86,8 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
     cache = cache_dir or default_cache_dir()
 
     rep.phase(f"building task {cfg.task.name}")
-    task, verifier = build_task_from_config(cfg)
+    with _input_errors(f"task {cfg.task.name}"):
+        task, verifier = build_task_from_config(cfg)
     eval_set = task.eval[: cfg.eval.size]
     max_new = cfg.budget.max_new_tokens
 
@@ -87,18 +100,19 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
     runtimes: list[PolicyRuntime] = []
     for i, p in enumerate(cfg.policies):
         rep.phase(f"[{p.name}] loading model")
-        arts = load_policy(
-            path=p.model.path,
-            family=p.model.family,
-            shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size, p.model.max_positions),
-            tokenizer_path=p.tokenizer.path,
-            tokenizer_kind=p.tokenizer.kind,
-            vocab_size=p.tokenizer.vocab_size,
-            corpus=task.corpus,
-            corpus_fingerprint=task.fingerprint(),
-            seed=cfg.seed + i,
-            cache_dir=cache,
-        )
+        with _input_errors(f"policy {p.name!r}"):
+            arts = load_policy(
+                path=p.model.path,
+                family=p.model.family,
+                shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size, p.model.max_positions),
+                tokenizer_path=p.tokenizer.path,
+                tokenizer_kind=p.tokenizer.kind,
+                vocab_size=p.tokenizer.vocab_size,
+                corpus=task.corpus,
+                corpus_fingerprint=task.fingerprint(),
+                seed=cfg.seed + i,
+                cache_dir=cache,
+            )
         arts.model.to(p.engine.device)
         registry.register(arts.fingerprint, arts.tokenizer)
         ws_acc, ws_steps = float("nan"), 0
@@ -157,7 +171,7 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
                 step_s=gen_s + rec.pop("train_s", 0.0),
             )
             if step % cfg.eval.every == 0 or step == cfg.budget.steps:
-                acc = greedy_accuracy(rt.engine.model, rt.artifacts.tokenizer, eval_set, verifier, max_new)
+                acc = greedy_accuracy(rt.engine.model, rt.artifacts.tokenizer, eval_set, verifier, max_new, chat_template=rt.worker.chat_template)
                 rec["eval_accuracy"] = acc
                 last_eval[rt.name] = acc
             writer.write(rec)

@@ -125,7 +125,6 @@ class Learner:
         loss = pg.loss
         metrics: dict = {"pg_loss": float(pg.loss.detach()), **pg.metrics}
 
-        kl_value = 0.0
         if a.kl_coef > 0 and self.ref_model is not None:
             with torch.no_grad():
                 ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=self.tok.pad_token_id)

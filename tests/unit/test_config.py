@@ -83,3 +83,24 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path):
 def test_cli_validate_ok():
     p = subprocess.run([sys.executable, "-m", "mutualrl.cli", "validate", str(DEMO)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "ok" in p.stdout
+
+
+def test_cli_load_time_input_errors_exit_2(tmp_path):
+    """Inputs that pass the schema but fail to load (a directory that is no model, a malformed
+    task file) are still one-line input errors; the run never starts."""
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('{"prompt": "a", "answer": "1"}\n{oops\n')
+    cases = [
+        (MINIMAL.replace("{family: llama}", f"{{path: {empty}}}").replace("    tokenizer: {kind: char}\n", ""), "has no config.json"),
+        (MINIMAL + f"task: {{name: jsonl, path: {bad_jsonl}}}\n", "bad.jsonl:2"),
+    ]
+    for i, (text, needle) in enumerate(cases):
+        cfg = tmp_path / f"exp{i}.yaml"
+        cfg.write_text(text)
+        p = subprocess.run([sys.executable, "-m", "mutualrl.cli", "run", str(cfg), "--out", str(tmp_path / f"out{i}")],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2, p.stderr[-2000:]
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr[-2000:]
