@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SHARING_MODES = ("none", "sgt")
+SHARING_MODES = ("none", "naive", "prp", "xgrpo", "sgt", "hacpo")
 """Sharing modes the run loop implements (design.md vocabulary)."""
 
 
@@ -122,34 +122,97 @@ class TaskConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    """Base GRPO objective (algorithms.md §1.1, defaults from §5)."""
+    """Base objective of every learner (algorithms.md §1.1–§1.2, defaults from §5)."""
 
-    loss: Literal["grpo"] = "grpo"
-    clip_low: float = Field(0.2, ge=0, description="ε_low of the PPO clip.")
-    clip_high: float = Field(0.28, ge=0, description="ε_high (DAPO clip-higher).")
-    kl_coef: float = Field(0.0, ge=0, description="β for the k3 KL to the reference (warm-start) policy; 0 skips the reference.")
+    loss: Literal["grpo", "gspo", "gspo_token"] = Field(
+        "grpo", description="Policy loss: grpo (token PPO-clip), gspo (sequence ratio, §1.2) or gspo_token."
+    )
+    clip_low: Optional[float] = Field(None, ge=0, description="ε_low; None = the loss's default (grpo 0.2, gspo 3e-4).")
+    clip_high: Optional[float] = Field(None, ge=0, description="ε_high; None = the loss's default (grpo 0.28 clip-higher, gspo 4e-4).")
+    clip_ratio_c: Optional[float] = Field(3.0, gt=1, description="Dual-clip c for Â<0 (grpo loss only); null disables it.")
+    kl_coef: float = Field(0.0, ge=0, description="β of the KL to the reference (warm-start) policy; 0 skips the reference model.")
+    kl_type: Literal["k1", "k2", "k3", "k3+"] = Field("k3", description="KL estimator (k3 = verl low_var_kl).")
     norm_adv_by_std: bool = Field(True, description="False gives Dr.GRPO's r - mean advantage.")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = Field("token-mean", description="verl loss_agg_mode.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="verl loss_agg_mode (token-mean = DAPO; seq-mean-token-sum-norm = Dr.GRPO)."
+    )
+    loss_scale_factor: Optional[int] = Field(None, ge=1, description="Normaliser of seq-mean-token-sum-norm; None = budget.max_new_tokens.")
     epsilon: float = Field(1e-6, gt=0, description="Std floor in the advantage denominator.")
+    minibatch_rows: Optional[int] = Field(
+        None, ge=1,
+        description="Rows per optimiser update; a step's rows (in order: own first, then peers') are split into "
+        "ceil(rows/minibatch_rows) updates. None = one update per step. HACPO's code: 512 rows of 2048 (4 updates).",
+    )
+
+    def clip_bounds(self) -> tuple[float, float]:
+        """(ε_low, ε_high) with the loss-specific defaults filled in."""
+        lo, hi = (3e-4, 4e-4) if self.loss.startswith("gspo") else (0.2, 0.28)
+        return (lo if self.clip_low is None else self.clip_low, hi if self.clip_high is None else self.clip_high)
 
 
 class SgtConfig(_Strict):
     """Success-Gated Transfer (algorithms.md §3.3)."""
 
-    weight: float = Field(0.1, ge=0, description="λ_SGT, weight of the rescue NLL term.")
+    variant: Literal["nll", "group_insert"] = Field("nll", description="nll: λ·length-normalised NLL term; group_insert: y* joins the group (ratio 1).")
+    weight: float = Field(0.1, ge=0, description="λ_SGT, weight of the rescue NLL term (nll variant).")
     gate_tau: float = Field(0.0, ge=0, le=1, description="Open the gate when own successes <= τ·G (τ=0: only all-fail groups).")
     max_per_prompt: int = Field(1, ge=1, description="K_r, rescued successes kept per prompt (shortest first).")
 
 
+class PrpConfig(_Strict):
+    """Peer Rollout Pooling (algorithms.md §3.3)."""
+
+    ratio_level: Literal["sequence", "token"] = Field("sequence", description="Density ratio per sequence (exp(ℓ̄_n − ℓ̄_m), robust to THL) or per token.")
+    truncation: float = Field(1.0, gt=0, description="C of min(w, C): 1 HACPO-style, 2 TIS.")
+    weight: float = Field(1.0, ge=0, description="λ_PRP, weight of the peer-row loss.")
+
+
+class XgrpoConfig(_Strict):
+    """Cross-policy advantage sharing (algorithms.md §3.3)."""
+
+    variant: Literal["pooled", "calibrated", "leave_self_out"] = Field("pooled", description="How peer AdvantageStats enter the baseline.")
+    peer_weight: float = Field(1.0, ge=0, description="λ, weight of each peer sample in the pooled baseline and scale.")
+
+
+class CapabilityConfig(_Strict):
+    """Capability tracker (algorithms.md §2.2), used by hacpo and xgrpo's calibrated variant."""
+
+    window: int = Field(5, ge=1, description="K, batches in the moving average (the current one included).")
+    metric: Literal["positive_rate", "reward_mean"] = Field("positive_rate", description="Per-batch capability measure.")
+    minimum: float = Field(1e-8, gt=0, description="Floor on P̂.")
+    ratio_min: float = Field(0.1, gt=0, le=1, description="Lower clip of capability ratios.")
+    ratio_max: float = Field(10.0, ge=1, description="Upper clip of capability ratios.")
+    warmup_steps: int = Field(0, ge=0, description="Ratios are 1.0 while steps <= warmup_steps.")
+
+
+class HacpoConfig(_Strict):
+    """HACPO (algorithms.md §2.7; defaults from §2.8)."""
+
+    alpha: float = Field(1.0, ge=0, description="Exponent of the exponential IS s·sg[s]^α on cross rows.")
+    delta: float = Field(0.2, ge=0, le=1, description="Stepwise clipping: cross lower bound 1 − δ at mini-batch 0.")
+    delta_step: float = Field(0.025, ge=0, description="Stepwise clipping: lower bound grows by δ_step per mini-batch.")
+    self_clip_low: float = Field(3e-4, ge=0, description="GSPO ε_l on self rows.")
+    self_clip_high: float = Field(4e-4, ge=0, description="GSPO ε_h on self rows.")
+    max_abs_log_ratio: float = Field(10.0, gt=0, description="Clamp of the sequence log-ratio before exp.")
+    binary_baseline_guard: bool = Field(True, description="Weighted baseline > 1 falls back to the learner's own mean (§2.3).")
+
+
 class SharingConfig(_Strict):
-    mode: Literal["none", "sgt"] = Field("none", description="How learners use peer experience: none | sgt.")
+    mode: Literal["none", "naive", "prp", "xgrpo", "sgt", "hacpo"] = Field(
+        "none", description="How learners use peer experience: none | naive | prp | xgrpo | sgt | hacpo."
+    )
     sgt: SgtConfig = Field(default_factory=SgtConfig)
-    max_version_lag: int = Field(1, ge=0, description="Δ_max: ignore peer experience older than this many weight versions.")
+    prp: PrpConfig = Field(default_factory=PrpConfig)
+    xgrpo: XgrpoConfig = Field(default_factory=XgrpoConfig)
+    hacpo: HacpoConfig = Field(default_factory=HacpoConfig)
+    capability: CapabilityConfig = Field(default_factory=CapabilityConfig)
+    max_version_lag: int = Field(1, ge=0, description="Δ_max: ignore peer experience older than this many steps.")
 
 
 class ThlConfig(_Strict):
     max_unaligned: float = Field(0.02, ge=0, le=1, description="Reject converted messages whose unaligned-byte fraction exceeds this.")
     require_roundtrip: bool = Field(True, description="Reject messages whose text does not survive the receiver's encode/decode.")
+    placement: Literal["spread", "last"] = Field("spread", description="Where a group's transported log-prob goes: spread over its tokens or on the last.")
 
 
 class BudgetConfig(_Strict):

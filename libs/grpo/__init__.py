@@ -2,28 +2,52 @@
 
 Every function cites the formula it implements in ``shared/algorithms.md``
 (section numbers below refer to that file). Shapes: ``B`` rows (completions),
-``T`` completion tokens, ``G`` group size.
+``T`` completion tokens, ``G`` group size, ``M`` peers.
 """
 
 from mutualrl.grpo.advantages import ADVANTAGE_ESTIMATORS, get_advantage_estimator, grpo_advantages, group_stats
-from mutualrl.grpo.kl import kl_penalty
 from mutualrl.grpo.aggregation import LOSS_AGG_MODES, agg_loss
+from mutualrl.grpo.gspo import gspo_loss, gspo_token_loss, sequence_mean, sequence_ratio
+from mutualrl.grpo.hacpo import CAPABILITY_METRICS, CapabilityTracker, cross_clip_lower, hacpo_advantages, hacpo_loss
+from mutualrl.grpo.kl import KL_ESTIMATORS, kl_penalty
+from mutualrl.grpo.modes import SHARING_MODES, SharingMode, get_sharing_mode
 from mutualrl.grpo.policy_loss import POLICY_LOSSES, PolicyLossOutput, get_policy_loss, ppo_clip_loss
-from mutualrl.grpo.sgt import RescueItem, select_rescues, sgt_nll
+from mutualrl.grpo.prp import PRP_RATIO_LEVELS, prp_peer_loss
+from mutualrl.grpo.sgt import RescueItem, group_insert_advantages, select_rescues, sgt_nll
+from mutualrl.grpo.xgrpo import XGRPO_VARIANTS, xgrpo_advantages, xgrpo_baseline
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "get_advantage_estimator",
     "grpo_advantages",
     "group_stats",
-    "kl_penalty",
     "LOSS_AGG_MODES",
     "agg_loss",
+    "gspo_loss",
+    "gspo_token_loss",
+    "sequence_mean",
+    "sequence_ratio",
+    "CAPABILITY_METRICS",
+    "CapabilityTracker",
+    "cross_clip_lower",
+    "hacpo_advantages",
+    "hacpo_loss",
+    "KL_ESTIMATORS",
+    "kl_penalty",
+    "SHARING_MODES",
+    "SharingMode",
+    "get_sharing_mode",
     "POLICY_LOSSES",
     "PolicyLossOutput",
     "get_policy_loss",
     "ppo_clip_loss",
+    "PRP_RATIO_LEVELS",
+    "prp_peer_loss",
     "RescueItem",
+    "group_insert_advantages",
     "select_rescues",
     "sgt_nll",
+    "XGRPO_VARIANTS",
+    "xgrpo_advantages",
+    "xgrpo_baseline",
 ]

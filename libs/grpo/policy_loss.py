@@ -18,7 +18,7 @@ class PolicyLossOutput:
     metrics: dict[str, float] = field(default_factory=dict)  # detached diagnostics
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     m = mask.to(x.dtype)
     return float((x * m).sum() / m.sum().clamp(min=1.0))
 
@@ -34,6 +34,7 @@ def ppo_clip_loss(
     clip_high: float = 0.28,
     clip_ratio_c: float | None = 3.0,
     loss_agg: str = "token-mean",
+    norm_len: float | None = None,
 ) -> PolicyLossOutput:
     """Token-level PPO-clip with asymmetric clip and dual-clip (§1.1).
 
@@ -41,7 +42,8 @@ def ppo_clip_loss(
     ``L = −min(ρÂ, clip(ρ, 1−ε_low, 1+ε_high)Â)``, and for ``Â < 0`` the dual clip
     caps the loss at ``−Â·c`` (verl ``clip_ratio_c``; ``None`` disables it).
 
-    logp, old_logp [B, T]; advantages [B] or [B, T]; mask [B, T].
+    logp, old_logp [B, T]; advantages [B] or [B, T]; mask [B, T]; ``norm_len`` is
+    seq-mean-token-sum-norm's constant (default T).
     """
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, T]
@@ -53,13 +55,13 @@ def ppo_clip_loss(
     if clip_ratio_c is not None:
         pg3 = -adv * clip_ratio_c  # [B, 1|T]
         per_tok = torch.where(adv < 0, torch.minimum(clipped, pg3), clipped)  # [B, T]
-    loss = agg_loss(per_tok, mask, loss_agg)
+    loss = agg_loss(per_tok, mask, loss_agg, norm_len)
     with torch.no_grad():
         metrics = {
-            "clip_frac": _masked_mean((pg2 > pg1).float(), mask),
-            "ratio_mean": _masked_mean(ratio, mask),
+            "clip_frac": masked_mean((pg2 > pg1).float(), mask),
+            "ratio_mean": masked_mean(ratio, mask),
             "ratio_max": float((ratio * mask).max()) if mask.any() else 1.0,
-            "approx_kl": _masked_mean(-log_ratio, mask),
+            "approx_kl": masked_mean(-log_ratio, mask),
         }
     return PolicyLossOutput(loss, metrics)
 

@@ -1,10 +1,10 @@
-"""Name -> function registries whose lookup errors list every valid name (verl style)."""
+"""Name -> item (function or spec) registries whose lookup errors list every valid name (verl style)."""
 
 from __future__ import annotations
 
 from typing import Callable, Generic, TypeVar
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F")
 
 
 class Registry(Generic[F]):

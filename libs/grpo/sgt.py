@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mutualrl.grpo.advantages import grpo_advantages
+
 
 @dataclass(frozen=True)
 class RescueItem:
@@ -71,3 +73,24 @@ def sgt_nll(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.to(logp.dtype)
     per_seq = -(logp * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # [R]
     return per_seq.mean()
+
+
+def group_insert_advantages(
+    own_rewards: torch.Tensor,
+    own_group_ids: torch.Tensor,
+    rescue_group_ids: torch.Tensor,
+    *,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGT "group insert" variant (§3.3): each rescue ``y*`` joins its prompt's group with
+    reward 1 and the GRPO advantage is recomputed over the enlarged group, so ``y*`` gets
+    ``Â > 0`` and the own failures ``Â < 0``. The caller applies ratio := 1 to the inserted
+    rows (no importance sampling, LUFFY-style guidance).
+
+    own_rewards [B], own_group_ids [B], rescue_group_ids [R] -> (own_adv [B], rescue_adv [R]).
+    """
+    rewards = torch.cat([own_rewards.float(), torch.ones(rescue_group_ids.shape[0])])
+    groups = torch.cat([own_group_ids, rescue_group_ids.to(own_group_ids.dtype)])
+    adv = grpo_advantages(rewards, groups, norm_by_std=norm_by_std, epsilon=epsilon)
+    return adv[: own_rewards.shape[0]], adv[own_rewards.shape[0] :]

@@ -135,8 +135,8 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
             ref = copy.deepcopy(arts.model).eval()
             for q in ref.parameters():
                 q.requires_grad_(False)
-        intake = PeerIntake(arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip), cfg.sharing.max_version_lag, p.tokenizer.chat_template)
-        settings = LearnerSettings(group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=p.optim, device=p.engine.device, peer_deadline_s=5.0)
+        intake = PeerIntake(arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip), cfg.sharing.max_version_lag, p.tokenizer.chat_template, cfg.thl.placement)
+        settings = LearnerSettings(group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=p.optim, max_new_tokens=max_new, device=p.engine.device, peer_deadline_s=5.0)
         learner = Learner(p.name, arts.model, arts.tokenizer, exchange, intake, store, settings, peers=[n for n in names if n != p.name], ref_model=ref)
         runtimes.append(PolicyRuntime(p.name, arts, worker, learner, engine, ws_acc, ws_steps))
 

@@ -1,4 +1,4 @@
-"""The learner: one optimiser step per training step from own rollouts (+ peer experience).
+"""The learner: one training step from own rollouts (+ peer experience, per the sharing mode).
 
 Algorithm-blind plumbing: the objective comes from ``mutualrl.grpo``; this
 module gathers inputs from SEE, runs the model, steps the optimiser and
@@ -17,10 +17,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import OptimConfig
-from mutualrl.grpo import agg_loss, grpo_advantages, kl_penalty, ppo_clip_loss, select_rescues, sgt_nll
+from mutualrl.grpo import CapabilityTracker, RescueItem, get_sharing_mode, select_rescues, sgt_nll
 from mutualrl.models.generation import sequence_logprobs
 from mutualrl.see import ExperienceExchange, Received
-from mutualrl.services.learner.peer_experience import PeerIntake
+from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, StepObjective, right_aligned
+from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
 from mutualrl.services.rollout.weights import WeightStore
 from mutualrl.tasks import Problem
 from mutualrl.v1 import experience_pb2 as pb
@@ -32,16 +33,16 @@ class LearnerSettings:
     algorithm: AlgorithmConfig
     sharing: SharingConfig
     optim: OptimConfig
+    max_new_tokens: int = 8
     device: str = "cpu"
-    peer_deadline_s: float = 30.0  # how long to wait for experience before training on what arrived
+    peer_deadline_s: float = 30.0  # how long to wait for own experience before training on what arrived
 
 
-def _pad_right_aligned(rows: list[list[float]], T: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), T)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, T - len(r) :] = torch.tensor(r)
-    return out
+def _minibatches(n: int, size: int | None) -> list[slice]:
+    """Consecutive slices in row order (no shuffle: HACPO's self-first schedule depends on it)."""
+    if not size or size >= n:
+        return [slice(0, n)]
+    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
 
 class Learner:
@@ -68,8 +69,14 @@ class Learner:
         self.version = 0
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.optim.lr, weight_decay=settings.optim.weight_decay)
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
-        sharing_kinds = {"sgt": ["verified_success"]}.get(settings.sharing.mode, [])
-        self.peer_sub = exchange.subscribe(policy, sharing_kinds, peers, consumer=f"{policy}-learner") if sharing_kinds and peers else None
+        self.mode = get_sharing_mode(settings.sharing.mode)
+        kinds = list(self.mode.peer_kinds)
+        self.peer_sub = exchange.subscribe(policy, kinds, peers, consumer=f"{policy}-learner") if kinds and peers else None
+        sh = settings.sharing
+        needs_tracker = sh.mode == "hacpo" or (sh.mode == "xgrpo" and sh.xgrpo.variant == "calibrated")
+        c = sh.capability
+        self.tracker = CapabilityTracker(c.window, c.metric, c.minimum, c.ratio_min, c.ratio_max, c.warmup_steps) if needs_tracker else None
+        self.objective = StepObjective(policy, settings.algorithm, sh, settings.max_new_tokens, self.tracker)
         self._buffer: list[Received] = []  # own rollouts for future steps
         self._peer_buffer: list[Received] = []
         self.totals: Counter[str] = Counter()
@@ -100,63 +107,129 @@ class Learner:
         return now
 
     # ---- one step --------------------------------------------------------
+    def _own_rows(self, own: list[Received]) -> Rows:
+        rows = Rows()
+        for r in own:
+            p = r.payload
+            lps = list(p.logprobs)
+            rows.add(
+                prompt_ids=p.prompt_token_ids, completion_ids=p.token_ids, old_logp=lps, mask=[1.0] * len(lps),
+                reward=p.reward, prompt_id=p.prompt_id, source=self.policy, kind=OWN,
+                source_mean_logp=sum(lps) / len(lps) if lps else 0.0,
+            )
+        return rows
+
+    def _add_peer_rows(self, rows: Rows, intake: IntakeResult, metrics: dict) -> None:
+        """Peer rows after own rows. HACPO needs each peer's complete group per prompt (§2.3 [CODE]):
+        a group missing rows (e.g. one rejected by THL) is dropped whole and counted."""
+        peer_rows = sorted(intake.rows, key=lambda r: (r.prompt_id, r.source_policy, r.sample_index))
+        if self.s.sharing.mode == "hacpo":
+            sizes = Counter((r.prompt_id, r.source_policy) for r in peer_rows)
+            complete = [r for r in peer_rows if sizes[(r.prompt_id, r.source_policy)] == r.group_size]
+            metrics["incomplete_peer_rows"] = len(peer_rows) - len(complete)
+            self.totals["incomplete_peer_rows"] += len(peer_rows) - len(complete)
+            peer_rows = complete
+        for r in peer_rows:
+            rows.add(
+                prompt_ids=r.prompt_ids, completion_ids=r.completion_ids, old_logp=r.logprobs, mask=r.mask,
+                reward=r.reward, prompt_id=r.prompt_id, source=r.source_policy, kind=PEER, source_mean_logp=r.source_mean_logprob,
+            )
+
     def train_step(self, step: int, problems: list[Problem]) -> dict:
         t0 = time.monotonic()
         expected = len(problems) * self.s.group_size
         own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s)
         if not own:
-            return {"step": step, "policy": self.policy, "skipped": True, "step_s": time.monotonic() - t0}
+            return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
         own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))
         by_id = {p.prompt_id: p for p in problems}
+        a, sh = self.s.algorithm, self.s.sharing
+        metrics: dict = {}
 
-        prompts = [list(r.payload.prompt_token_ids) for r in own]
-        completions = [list(r.payload.token_ids) for r in own]
-        rewards = torch.tensor([r.payload.reward for r in own])  # [B]
-        gid_map: dict[str, int] = {}
-        group_ids = torch.tensor([gid_map.setdefault(r.payload.prompt_id, len(gid_map)) for r in own])  # [B]
-        T = max(len(c) for c in completions)
-        old_logp = _pad_right_aligned([list(r.payload.logprobs) for r in own], T).to(self.s.device)  # [B, T]
-
-        a = self.s.algorithm
-        adv = grpo_advantages(rewards, group_ids, norm_by_std=a.norm_adv_by_std, epsilon=a.epsilon).to(self.s.device)  # [B]
-        self.model.train()
-        logp, mask = sequence_logprobs(self.model, prompts, completions, pad_id=self.tok.pad_token_id)  # [B, T]
-        pg = ppo_clip_loss(logp, old_logp, adv, mask, clip_low=a.clip_low, clip_high=a.clip_high, loss_agg=a.loss_agg)
-        loss = pg.loss
-        metrics: dict = {"pg_loss": float(pg.loss.detach()), **pg.metrics}
-
-        if a.kl_coef > 0 and self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=self.tok.pad_token_id)
-            kl = agg_loss(kl_penalty(logp, ref_logp, "k3"), mask, a.loss_agg)
-            loss = loss + a.kl_coef * kl
-            kl_value = float(kl.detach())
-        else:
-            kl_value = metrics["approx_kl"]
-
-        # ---- sharing: SGT rescue set (algorithms.md §3.3) ----
-        peer_msgs = self._collect_peer(step)
+        rows = self._own_rows(own)
         own_successes: dict[str, int] = {}
         for r in own:
             own_successes[r.payload.prompt_id] = own_successes.get(r.payload.prompt_id, 0) + (1 if r.payload.reward > 0 else 0)
-        intake = self.intake.verified_successes(peer_msgs, step, by_id)
-        rescues = []
-        if self.s.sharing.mode == "sgt":
-            sgt = self.s.sharing.sgt
-            rescues = select_rescues(intake.rescues, own_successes, self.s.group_size, sgt.gate_tau, sgt.max_per_prompt)
-            if rescues:
-                r_logp, r_mask = sequence_logprobs(self.model, [x.prompt_ids for x in rescues], [x.completion_ids for x in rescues], pad_id=self.tok.pad_token_id)
-                nll = sgt_nll(r_logp, r_mask)
-                loss = loss + sgt.weight * nll
-                metrics["sgt_nll"] = float(nll.detach())
-        gate_open = sum(1 for n in own_successes.values() if n <= self.s.sharing.sgt.gate_tau * self.s.group_size)
 
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{self.policy}: non-finite loss at step {step}")
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip)
-        self.opt.step()
+        # ---- peer experience, per the mode's kinds (zero-trust intake) ----
+        peer_msgs = self._collect_peer(step)
+        intake = IntakeResult()
+        by_kind: dict[str, list[Received]] = {}
+        for m in peer_msgs:
+            by_kind.setdefault(m.kind, []).append(m)
+        self.intake.verified_successes(by_kind.get("verified_success", []), step, by_id, intake)
+        self.intake.rollouts(by_kind.get("rollout", []), step, by_id, intake)
+        self.intake.advantage_stats(by_kind.get("advantage_stats", []), step, by_id, intake)
+        if self.mode.peer_rows:
+            self._add_peer_rows(rows, intake, metrics)
+
+        if self.tracker is not None:  # once per step, every agent's rewards, before the update (§2.2)
+            values = {self.policy: [float(r.payload.reward) for r in own], **intake.peer_rewards}
+            for pid_stats in intake.stats.values():
+                for st in pid_stats:
+                    values.setdefault(st.producer, []).extend([1.0] * round(st.success_rate * st.count) + [0.0] * (st.count - round(st.success_rate * st.count)))
+            self.tracker.update(values)
+
+        rescues: list[RescueItem] = []
+        if sh.mode == "sgt":
+            g = sh.sgt
+            rescues = select_rescues(intake.rescues, own_successes, self.s.group_size, g.gate_tau, g.max_per_prompt)
+            if g.variant == "group_insert":
+                for x in rescues:
+                    rows.add(
+                        prompt_ids=x.prompt_ids, completion_ids=x.completion_ids, old_logp=[0.0] * len(x.completion_ids),
+                        mask=[1.0] * len(x.completion_ids), reward=1.0, prompt_id=x.prompt_id, source=x.source_policy,
+                        kind=RESCUE, source_mean_logp=0.0,
+                    )
+        gate_open = sum(1 for n in own_successes.values() if n <= sh.sgt.gate_tau * self.s.group_size)
+
+        # ---- advantages once per step, then one update per mini-batch ----
+        step_adv = self.objective.advantages(rows, intake.stats)
+        metrics.update(step_adv.metrics)
+        kind_all = torch.tensor(rows.kind)
+        src_mean_all = torch.tensor(rows.source_mean_logp)
+        pad = self.tok.pad_token_id
+        self.model.train()
+        per_mb: list[dict] = []
+        losses: list[float] = []
+        grad_norms: list[float] = []
+        chunks = _minibatches(len(rows), a.minibatch_rows)
+        for m, sl in enumerate(chunks):
+            prompts, completions = rows.prompt_ids[sl], rows.completion_ids[sl]
+            logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad)  # [b, T]
+            T = logp.shape[1]
+            dev = logp.device
+            ref_logp = None
+            if a.kl_coef > 0 and self.ref_model is not None:
+                with torch.no_grad():
+                    ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=pad)
+            out = self.objective.loss(
+                logp=logp,
+                old_logp=right_aligned(rows.old_logp[sl], T).to(dev),
+                mask=right_aligned(rows.mask[sl], T).to(dev),
+                adv=step_adv.advantages[sl].to(dev),
+                kind=kind_all[sl].to(dev),
+                source_mean_logp=src_mean_all[sl].to(dev),
+                omega=step_adv.omega[sl].to(dev),
+                minibatch_index=m,
+                ref_logp=ref_logp,
+            )
+            loss = out.loss
+            mb_metrics = dict(out.metrics)
+            if m == 0 and rescues and sh.mode == "sgt" and sh.sgt.variant == "nll":
+                r_logp, r_mask = sequence_logprobs(self.model, [x.prompt_ids for x in rescues], [x.completion_ids for x in rescues], pad_id=pad)
+                nll = sgt_nll(r_logp, r_mask)
+                loss = loss + sh.sgt.weight * nll
+                metrics["sgt_nll"] = float(nll.detach())
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{self.policy}: non-finite loss at step {step} (mini-batch {m})")
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
+            self.opt.step()
+            losses.append(float(loss.detach()))
+            grad_norms.append(gn)
+            per_mb.append(mb_metrics)
 
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)
         self.own.ack(own)
@@ -168,26 +241,39 @@ class Learner:
 
         for k, v in intake.rejected.items():
             self.totals[f"rejected_{k}"] += v
+        peer_used = rows.count(PEER)
+        shared_in = peer_used + len(rescues) + (sum(len(v) for v in intake.stats.values()) if sh.mode == "xgrpo" else 0)
         self.totals["rescues"] += len(rescues)
-        self.totals["shared_in"] += len(rescues)
-        residuals = intake.residuals
-        return {
+        self.totals["shared_in"] += shared_in
+        for mb in per_mb:  # mean over mini-batches of each diagnostic
+            for k, v in mb.items():
+                metrics.setdefault("_" + k, []).append(v)
+        for k in [k for k in metrics if k.startswith("_")]:
+            vals = [v for v in metrics.pop(k) if isinstance(v, (int, float)) and math.isfinite(v)]
+            metrics[k[1:]] = sum(vals) / len(vals) if vals else None
+        kl_value = metrics.get("kl") if metrics.get("kl") is not None else metrics.get("approx_kl")
+        grad_norm = sum(grad_norms) / len(grad_norms)
+        record = {
             "step": step,
             "policy": self.policy,
-            "reward_mean": float(rewards.mean()),
-            "loss": float(loss.detach()),
-            "kl": kl_value,
-            "clip_frac": metrics["clip_frac"],
-            "grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else None,
-            "shared_in": len(rescues),
-            "peer_candidates": len(intake.rescues),
+            "reward_mean": sum(rows.reward[i] for i in range(len(rows)) if rows.kind[i] == OWN) / len(own),
+            "loss": sum(losses) / len(losses),
+            "kl": kl_value if kl_value is not None else 0.0,
+            "clip_frac": metrics.pop("clip_frac", None) if "clip_frac" in metrics else metrics.get("self_clip_frac"),
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            "updates": len(chunks),
+            "shared_in": shared_in,
+            "peer_rows": peer_used,
+            "peer_candidates": len(intake.rescues) + len(intake.rows) + sum(len(v) for v in intake.stats.values()),
             "peer_rejected": dict(intake.rejected),
             "rescue_count": len(rescues),
             "gate_open": gate_open,
-            "thl_residual": (sum(residuals) / len(residuals)) if residuals else 0.0,
-            "thl_logprob_residual": (sum(intake.logprob_residuals) / len(intake.logprob_residuals)) if intake.logprob_residuals else 0.0,
+            **intake.residual_summary(),
             "weights_version": self.version,
-            "sgt_nll": metrics.get("sgt_nll"),
-            "ratio_mean": metrics["ratio_mean"],
+            "sgt_nll": metrics.pop("sgt_nll", None),
+            "ratio_mean": metrics.pop("ratio_mean", None),
             "train_s": time.monotonic() - t0,
         }
+        for k, v in metrics.items():
+            record.setdefault(k, v)
+        return record
