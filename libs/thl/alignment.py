@@ -1,11 +1,11 @@
 """Byte spans per token and many-to-many alignment groups (algorithms.md §3.2 step 2, §4).
 
-Spans come from incremental decoding, which works for every tokenizer kind
-(byte-level BPE, Metaspace/Unigram, WordLevel, WordPiece) without relying on
-offset mappings that some tokenizers do not provide for decoded text. A token
-that ends inside a multi-byte UTF-8 character (byte-level BPE can split one)
-gets a zero-width span at the last complete character boundary, so it merges
-into the group of the token that completes the character.
+Byte-level BPE vocabularies give exact spans by table lookup (a token that
+splits a multi-byte character owns its bytes, so it groups with the token that
+completes the character). Every other kind uses incremental decoding, which
+works without offset mappings (Metaspace/Unigram, WordLevel, WordPiece); there a
+token that ends inside a multi-byte character (a byte-fallback piece) gets a
+zero-width span at the last complete character boundary.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
+
+from mutualrl.thl.vocab_bytes import vocab_bytes
 
 REPLACEMENT = "\ufffd"
 
@@ -29,6 +31,15 @@ def token_byte_spans(tok: PreTrainedTokenizerBase, ids: list[int], text: str | N
     """
     full = _decode(tok, ids) if text is None else text
     full_b = full.encode("utf-8")
+    table = vocab_bytes(tok)
+    if table is not None and ids and all(0 <= i < len(table.regular) and table.regular[i] for i in ids):
+        if table.join(ids) == full_b:
+            # byte-level BPE: exact spans, a token that splits a character owns its bytes
+            spans, prev = [], 0
+            for i in ids:
+                spans.append((prev, prev + int(table.lengths[i])))
+                prev += int(table.lengths[i])
+            return full, spans
     spans: list[tuple[int, int]] = []
     prev = 0
     for i in range(len(ids)):

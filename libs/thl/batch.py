@@ -1,12 +1,14 @@
 """Batched THL conversion for the learner's hot path.
 
 Same results as :func:`mutualrl.thl.convert` item by item, but the tokenizer
-work is four Rust batch calls (decode source, encode source and target with
-offsets, decode target) and the alignment is vectorised:
+work is Rust batch calls and the alignment is vectorised:
 
-- byte spans come from the fast tokenizers' offset mappings; only ids that are
-  not the canonical encoding of their text (rare: the sampler took a
-  non-canonical path) fall back to incremental decoding;
+- byte-level BPE vocabularies (GPT-2, Qwen, Llama 3) give text, byte spans and
+  the round trip by table lookup (``vocab_bytes``), so the only tokenizer work
+  is two id-only encodes: the receiver's ids and the source's canonical check;
+- other kinds take byte spans from the fast tokenizers' offset mappings (decode
+  source, encode both with offsets, decode target); ids that are not the
+  canonical encoding of their text fall back to incremental decoding;
 - group boundaries are the byte offsets where a source and a target token end
   together; token ``i`` belongs to the first boundary ``>= end_i`` (so
   zero-width tokens join the group they sit in), and log-probs move through
@@ -22,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mutualrl.thl.alignment import AlignmentGroup, token_byte_spans
 from mutualrl.thl.convert import Converted, Residual, _strip_eos, convert
+from mutualrl.thl.vocab_bytes import VocabBytes, vocab_bytes
 
 
 def _backend(tok: PreTrainedTokenizerBase):
@@ -77,6 +80,25 @@ def _groups(src_ends: np.ndarray, tgt_ends: np.ndarray) -> tuple[np.ndarray, np.
     return boundaries, np.searchsorted(boundaries, src_ends, side="left"), np.searchsorted(boundaries, tgt_ends, side="left")
 
 
+def _encode_ids(tok: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    """Ids only (the Rust ``encode_batch_fast`` skips offset bookkeeping)."""
+    be = _backend(tok)
+    if be is None:
+        return tok(texts, add_special_tokens=False)["input_ids"]
+    fast = getattr(be, "encode_batch_fast", be.encode_batch)
+    return [e.ids for e in fast(texts, add_special_tokens=False)]
+
+
+def _table_ends(table: VocabBytes | None, ids: list[int]) -> tuple[bytes, np.ndarray] | None:
+    """(bytes, byte end of each token) from the vocabulary table; None when a token is irregular."""
+    if table is None or not ids:
+        return None
+    arr = np.asarray(ids, dtype=np.int64)
+    if arr.max() >= len(table.regular) or arr.min() < 0 or not table.regular[arr].all():
+        return None
+    return table.join(ids), np.cumsum(table.lengths[arr])
+
+
 def convert_batch(
     source_tok: PreTrainedTokenizerBase,
     target_tok: PreTrainedTokenizerBase,
@@ -86,7 +108,13 @@ def convert_batch(
     with_groups: bool = False,
 ) -> list[Converted]:
     """Convert many completions at once; ``with_groups`` also builds the AlignmentGroup objects
-    (slower; the learner only needs the transported traces and the residual)."""
+    (slower; the learner only needs the transported traces and the residual).
+
+    Byte-level vocabularies take the table path (:mod:`mutualrl.thl.vocab_bytes`): text and
+    byte spans by lookup, the round trip checked on bytes. Every other case, and every
+    irregular row (special or added tokens, a multi-byte character split at the end, a
+    non-canonical path without a table), takes the exact reference :func:`convert`.
+    """
     if source_logprobs is not None and len(source_logprobs) != len(source_ids):
         raise ValueError(f"{len(source_logprobs)} log-prob rows for {len(source_ids)} id rows")
     ids_list, lps_list = [], []
@@ -97,54 +125,125 @@ def convert_batch(
         ids, lps = _strip_eos(source_tok, list(ids), list(lps) if lps is not None else None)
         ids_list.append(ids)
         lps_list.append(lps)
-    texts = _decode_batch(source_tok, ids_list)
-    src_enc = _encode_batch(source_tok, texts)
-    tgt_enc = _encode_batch(target_tok, texts)
-    tgt_texts = _decode_batch(target_tok, tgt_enc["input_ids"])
+    n = len(ids_list)
+    src_table, tgt_table = vocab_bytes(source_tok), vocab_bytes(target_tok)
+
+    # 1. canonical text and source byte ends: table lookup, else a batch decode
+    texts: list[str | None] = [None] * n
+    src_ends: list[np.ndarray | None] = [None] * n
+    exact = [False] * n  # rows handed to the reference converter
+    need_decode = []
+    for k, ids in enumerate(ids_list):
+        hit = _table_ends(src_table, ids)
+        if hit is None:
+            need_decode.append(k)
+            continue
+        try:
+            texts[k] = hit[0].decode("utf-8")
+            src_ends[k] = hit[1]
+        except UnicodeDecodeError:
+            exact[k] = True  # a byte-level token split a multi-byte character
+    if need_decode:
+        for k, t in zip(need_decode, _decode_batch(source_tok, [ids_list[k] for k in need_decode])):
+            texts[k] = t
+    batch = [k for k in range(n) if not exact[k]]
+    batch_texts = [texts[k] or "" for k in batch]
+
+    # 2. the non-canonical flag (and offsets where no table gave the spans)
+    if all(src_ends[k] is not None for k in batch):
+        src_ids = dict(zip(batch, _encode_ids(source_tok, batch_texts)))
+        src_offsets = {}
+    else:
+        enc = _encode_batch(source_tok, batch_texts)
+        src_ids = dict(zip(batch, enc["input_ids"]))
+        src_offsets = dict(zip(batch, enc["offset_mapping"]))
+
+    # 3. the receiver's ids, its byte ends and the round trip
+    tgt_ids: dict[int, list[int]] = {}
+    tgt_ends: dict[int, np.ndarray | None] = {}
+    roundtrip: dict[int, bool] = {}
+    if tgt_table is not None:
+        tgt_ids = dict(zip(batch, _encode_ids(target_tok, batch_texts)))
+        redo = []
+        for k in batch:
+            hit = _table_ends(tgt_table, tgt_ids[k])
+            if hit is None:
+                redo.append(k)
+            else:
+                roundtrip[k] = hit[0] == texts[k].encode("utf-8")  # type: ignore[union-attr]
+                tgt_ends[k] = hit[1] if roundtrip[k] else None
+        for k in redo:
+            exact[k] = True
+    else:
+        enc = _encode_batch(target_tok, batch_texts)
+        decoded = _decode_batch(target_tok, enc["input_ids"])
+        for k, ids_k, off, dec in zip(batch, enc["input_ids"], enc["offset_mapping"], decoded):
+            tgt_ids[k] = ids_k
+            roundtrip[k] = dec == texts[k]
+            tgt_ends[k] = _byte_ends(off, texts[k]) if roundtrip[k] else None  # type: ignore[arg-type]
 
     out: list[Converted] = []
-    for k, text in enumerate(texts):
+    for k in range(n):
         ids, lps = ids_list[k], lps_list[k]
-        tgt_ids = tgt_enc["input_ids"][k]
-        non_canonical = src_enc["input_ids"][k] != ids
-        roundtrip = tgt_texts[k] == text
-        src_ends = None if non_canonical else _byte_ends(src_enc["offset_mapping"][k], text)
-        if src_ends is None and ids:
-            src_ends = np.array([e for _, e in token_byte_spans(source_tok, ids, text)[1]], dtype=np.int64)
-        tgt_ends = _byte_ends(tgt_enc["offset_mapping"][k], text) if roundtrip else None
-        if not roundtrip or tgt_ends is None or src_ends is None or not ids or not tgt_ids:
+        if exact[k]:
+            out.append(convert(source_tok, target_tok, source_ids=ids, source_logprobs=lps, placement=placement))
+            continue
+        text = texts[k]
+        assert text is not None
+        t_ids = tgt_ids[k]
+        non_canonical = src_ids[k] != ids
+        s_ends = src_ends[k]
+        if s_ends is None and not non_canonical and ids:
+            s_ends = _byte_ends(src_offsets[k], text)
+        if s_ends is None and ids:
+            s_ends = np.array([e for _, e in token_byte_spans(source_tok, ids, text)[1]], dtype=np.int64)
+        t_ends = tgt_ends.get(k)
+        if not roundtrip[k] or t_ends is None or s_ends is None or not ids or not t_ids:
             # the exact but slower path handles every irregular case (and reports it)
             out.append(convert(source_tok, target_tok, source_ids=ids, source_logprobs=lps, placement=placement))
             continue
-        boundaries, src_g, tgt_g = _groups(src_ends, tgt_ends)
-        n_groups = len(boundaries)
-        target_lps = None
-        eta = 0.0
-        mean_lp = None
-        if lps is not None:
-            sums = np.bincount(src_g, weights=np.asarray(lps, dtype=np.float64), minlength=n_groups)
-            if placement == "spread":
-                counts = np.bincount(tgt_g, minlength=n_groups)
-                target_lps = (sums[tgt_g] / counts[tgt_g]).tolist()
-            else:
-                last = np.r_[tgt_g[1:] != tgt_g[:-1], True]
-                target_lps = np.where(last, sums[tgt_g], 0.0).tolist()
-            eta = abs(sum(target_lps) - sum(lps))
-            mean_lp = sum(lps) / len(lps)
-        groups: list[AlignmentGroup] = []
-        if with_groups:
-            starts = np.r_[0, boundaries[:-1]]
-            for g in range(n_groups):
-                groups.append(AlignmentGroup(tuple(np.nonzero(src_g == g)[0].tolist()), tuple(np.nonzero(tgt_g == g)[0].tolist()), int(starts[g]), int(boundaries[g])))
-        out.append(
-            Converted(
-                text=text,
-                target_ids=list(tgt_ids),
-                groups=groups,
-                residual=Residual(0.0, float(eta), len(tgt_ids) / len(ids), True, bool(non_canonical)),
-                target_logprobs=target_lps,
-                target_mask=[1] * len(tgt_ids),
-                source_mean_logprob=mean_lp,
-            )
-        )
+        out.append(_aligned(text, ids, lps, t_ids, s_ends, t_ends, non_canonical, placement, with_groups))
     return out
+
+
+def _aligned(
+    text: str,
+    ids: list[int],
+    lps: list[float] | None,
+    tgt_ids: list[int],
+    src_ends: np.ndarray,
+    tgt_ends: np.ndarray,
+    non_canonical: bool,
+    placement: str,
+    with_groups: bool,
+) -> Converted:
+    """A fully covered row: groups from coinciding byte ends, log-probs through bincount sums."""
+    boundaries, src_g, tgt_g = _groups(src_ends, tgt_ends)
+    n_groups = len(boundaries)
+    target_lps = None
+    eta = 0.0
+    mean_lp = None
+    if lps is not None:
+        sums = np.bincount(src_g, weights=np.asarray(lps, dtype=np.float64), minlength=n_groups)
+        if placement == "spread":
+            counts = np.bincount(tgt_g, minlength=n_groups)
+            target_lps = (sums[tgt_g] / counts[tgt_g]).tolist()
+        else:
+            last = np.r_[tgt_g[1:] != tgt_g[:-1], True]
+            target_lps = np.where(last, sums[tgt_g], 0.0).tolist()
+        eta = abs(sum(target_lps) - sum(lps))
+        mean_lp = sum(lps) / len(lps)
+    groups: list[AlignmentGroup] = []
+    if with_groups:
+        starts = np.r_[0, boundaries[:-1]]
+        for g in range(n_groups):
+            groups.append(AlignmentGroup(tuple(np.nonzero(src_g == g)[0].tolist()), tuple(np.nonzero(tgt_g == g)[0].tolist()), int(starts[g]), int(boundaries[g])))
+    return Converted(
+        text=text,
+        target_ids=list(tgt_ids),
+        groups=groups,
+        residual=Residual(0.0, float(eta), len(tgt_ids) / len(ids), True, bool(non_canonical)),
+        target_logprobs=target_lps,
+        target_mask=[1] * len(tgt_ids),
+        source_mean_logprob=mean_lp,
+    )

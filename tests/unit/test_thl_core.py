@@ -64,9 +64,15 @@ def test_multibyte_character_split_by_byte_level_tokens():
     ids = tok("é", add_special_tokens=False)["input_ids"]
     assert len(ids) == 2
     text, spans = token_byte_spans(tok, ids)
-    assert text == "é" and spans == [(0, 0), (0, 2)]  # the first byte token ends mid-character
+    # byte-level: each byte token owns its byte, though the first ends mid-character
+    assert text == "é" and spans == [(0, 1), (1, 2)]
     c = convert(tok, tok, source_ids=ids, source_logprobs=[-0.5, -0.25])
     assert c.residual.unaligned_fraction == 0 and sum(c.target_logprobs) == pytest.approx(-0.75)
+    # into a char vocabulary: both byte tokens form one group with the single 'é' token
+    char = build_tokenizer("char", ["é ab"] * 10)
+    c = convert(tok, char, source_ids=ids, source_logprobs=[-0.5, -0.25])
+    assert [g.to_dict() for g in c.groups] == [{"source": [0, 1], "target": [0], "bytes": [0, 2]}]
+    assert c.target_logprobs == pytest.approx([-0.75])
 
 
 def test_bad_input_is_an_error(tokenizers):
