@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.models.families import ModelShape, build_model
-from mutualrl.models.tokenizers import build_tokenizer, load_tokenizer
+from mutualrl.models.tokenizers import BUILDER_VERSIONS, build_tokenizer, load_tokenizer
 
 CACHE_VERSION = "2"
 
@@ -121,7 +121,7 @@ def load_policy(
 
 
 def _cached_tokenizer(kind: str, vocab_size: int, corpus: Callable[[], list[str]], corpus_fp: str, cache_dir: Path | None):
-    key = _digest([CACHE_VERSION, "tokenizer", kind, vocab_size, corpus_fp])
+    key = _digest([CACHE_VERSION, "tokenizer", kind, vocab_size, corpus_fp] + ([BUILDER_VERSIONS[kind]] if kind in BUILDER_VERSIONS else []))
     entry = (cache_dir or default_cache_dir()) / "tokenizers" / key
     if not (entry / "tokenizer.json").is_file() or not corpus_fp:
         tok = build_tokenizer(kind, corpus(), vocab_size)

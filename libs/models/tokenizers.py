@@ -2,12 +2,13 @@
 
 Different algorithms give policies genuinely different vocabularies and token
 boundaries, which is what THL has to bridge: char-level (WordLevel over single
-characters), byte-level BPE (GPT-2 style) and Unigram (SentencePiece style,
-Metaspace pre-tokenisation).
+characters), byte-level BPE (GPT-2 style), Unigram (SentencePiece style,
+Metaspace pre-tokenisation, byte fallback) and WordPiece (BERT style).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -42,15 +43,46 @@ def _bpe(corpus: list[str], vocab_size: int) -> Tokenizer:
 
 
 def _unigram(corpus: list[str], vocab_size: int) -> Tokenizer:
+    """SentencePiece-style Unigram with byte fallback: a character outside the vocabulary
+    becomes its UTF-8 bytes as ``<0xNN>`` pieces (as in Llama 2 / Gemma vocabularies)
+    instead of ``<unk>``, so any text round-trips."""
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
-    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Metaspace(replacement="▁", prepend_scheme="never")])
     trainer = trainers.UnigramTrainer(
         vocab_size=vocab_size,
         special_tokens=SPECIALS,
         unk_token=UNK,
         initial_alphabet=sorted({c for t in corpus for c in t}),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    trained = json.loads(tok.to_str())["model"]
+    pieces = [(p, s) for p, s in trained["vocab"]]
+    floor = min(s for _, s in pieces if s < 0) - 10.0  # byte pieces only when nothing else fits
+    known = {p for p, _ in pieces}
+    pieces += [(f"<0x{b:02X}>", floor) for b in range(256) if f"<0x{b:02X}>" not in known]
+    out = Tokenizer(models.Unigram(pieces, unk_id=trained["unk_id"], byte_fallback=True))
+    out.normalizer = tok.normalizer
+    out.pre_tokenizer = tok.pre_tokenizer
+    out.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Metaspace(replacement="▁", prepend_scheme="never")])
+    out.add_special_tokens(SPECIALS)
+    return out
+
+
+def _wordpiece(corpus: list[str], vocab_size: int) -> Tokenizer:
+    """BERT-style WordPiece: words split on whitespace and punctuation, continuation pieces
+    prefixed ``##``. Decoding re-inserts a space between words, so whitespace is not
+    preserved exactly (``12+34`` decodes as ``12 + 34``) — THL reports that as a failed
+    round trip instead of aligning it silently."""
+    tok = Tokenizer(models.WordPiece(unk_token=UNK))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=sorted({c for t in corpus for c in t if not c.isspace()}),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
@@ -61,7 +93,11 @@ TOKENIZER_KINDS: dict[str, Callable[[list[str], int], Tokenizer]] = {
     "char": _char,
     "bpe": _bpe,
     "unigram": _unigram,
+    "wordpiece": _wordpiece,
 }
+
+BUILDER_VERSIONS: dict[str, int] = {"unigram": 2}
+"""Bumped when a kind's builder changes its output, so cached tokenizers of that kind are rebuilt."""
 
 
 def build_tokenizer(kind: str, corpus: Iterable[str], vocab_size: int = 300) -> PreTrainedTokenizerFast:

@@ -85,8 +85,9 @@ def align_spans(src: list[tuple[int, int]], tgt: list[tuple[int, int]]) -> list[
     """Greedy two-pointer grouping at coinciding byte boundaries.
 
     Both span lists must tile the same byte range ``[0, N)``. A group closes when
-    the source and target ends coincide; zero-width tokens join the group they
-    sit in. The result partitions the bytes and every token index appears in
+    the source and target ends coincide; zero-width tokens join the group that
+    follows them (the one whose token completes their character), or the last
+    group at the end of the text. The result partitions the bytes and every token index appears in
     exactly one group.
     """
     groups: list[AlignmentGroup] = []
@@ -110,13 +111,8 @@ def align_spans(src: list[tuple[int, int]], tgt: list[tuple[int, int]]) -> list[
             j += 1
             if s_end == start:
                 continue  # a zero-width boundary (tokens at byte 0): keep growing the first group
-            # absorb following zero-width tokens ending at the same boundary
-            while i < len(src) and src[i][0] == src[i][1] == s_end:
-                cur_s.append(i)
-                i += 1
-            while j < len(tgt) and tgt[j][0] == tgt[j][1] == t_end:
-                cur_t.append(j)
-                j += 1
+            # zero-width tokens right after this boundary open the next group: they are the
+            # leading pieces of the character the next token completes
             groups.append(AlignmentGroup(tuple(cur_s), tuple(cur_t), start, s_end))
             start = s_end
             cur_s, cur_t = [], []

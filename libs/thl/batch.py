@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mutualrl.thl.alignment import AlignmentGroup, token_byte_spans
 from mutualrl.thl.convert import Converted, Residual, _strip_eos, convert
-from mutualrl.thl.vocab_bytes import VocabBytes, vocab_bytes
+from mutualrl.thl.vocab_bytes import VocabBytes, byte_fallback_mask, has_byte_fallback, vocab_bytes
 
 
 def _backend(tok: PreTrainedTokenizerBase):
@@ -74,10 +74,22 @@ def _byte_ends(offsets: Sequence[tuple[int, int]], text: str) -> np.ndarray | No
 
 
 def _groups(src_ends: np.ndarray, tgt_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Common boundaries and each token's group index on both sides."""
+    """Common boundaries and each token's group index on both sides.
+
+    Token i belongs to the first boundary ``>= end_i``; a zero-width token sitting on a
+    boundary belongs to the group after it (as in :func:`align_spans`).
+    """
     boundaries = np.intersect1d(src_ends, tgt_ends)
     boundaries = boundaries[boundaries > 0] if len(boundaries) > 1 else boundaries
-    return boundaries, np.searchsorted(boundaries, src_ends, side="left"), np.searchsorted(boundaries, tgt_ends, side="left")
+
+    def index(ends: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(boundaries, ends, side="left")
+        if len(ends) > 1:
+            zero = np.r_[False, ends[1:] == ends[:-1]] & np.isin(ends, boundaries)
+            idx = np.minimum(idx + zero, len(boundaries) - 1)
+        return idx
+
+    return boundaries, index(src_ends), index(tgt_ends)
 
 
 def _encode_ids(tok: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
@@ -177,10 +189,12 @@ def convert_batch(
     else:
         enc = _encode_batch(target_tok, batch_texts)
         decoded = _decode_batch(target_tok, enc["input_ids"])
+        fallback = byte_fallback_mask(target_tok)
         for k, ids_k, off, dec in zip(batch, enc["input_ids"], enc["offset_mapping"], decoded):
             tgt_ids[k] = ids_k
             roundtrip[k] = dec == texts[k]
-            tgt_ends[k] = _byte_ends(off, texts[k]) if roundtrip[k] else None  # type: ignore[arg-type]
+            usable = roundtrip[k] and not has_byte_fallback(fallback, ids_k)
+            tgt_ends[k] = _byte_ends(off, texts[k]) if usable else None  # type: ignore[arg-type]
 
     out: list[Converted] = []
     for k in range(n):
@@ -193,7 +207,7 @@ def convert_batch(
         t_ids = tgt_ids[k]
         non_canonical = src_ids[k] != ids
         s_ends = src_ends[k]
-        if s_ends is None and not non_canonical and ids:
+        if s_ends is None and not non_canonical and ids and not has_byte_fallback(byte_fallback_mask(source_tok), ids):
             s_ends = _byte_ends(src_offsets[k], text)
         if s_ends is None and ids:
             s_ends = np.array([e for _, e in token_byte_spans(source_tok, ids, text)[1]], dtype=np.int64)

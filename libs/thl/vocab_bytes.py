@@ -80,3 +80,40 @@ def _build(tok: PreTrainedTokenizerBase) -> VocabBytes | None:
         regular[idx] = True
     lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=size)
     return VocabBytes(pieces, lengths, regular)
+
+
+_FALLBACK: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
+def byte_fallback_mask(tok: PreTrainedTokenizerBase) -> np.ndarray:
+    """[V] bool: ids of SentencePiece byte-fallback pieces (``<0xNN>``).
+
+    Fast tokenizers report the offsets of the whole pre-token for each such piece, so
+    their offsets cannot place the piece's byte; rows that contain one take the exact path.
+    """
+    try:
+        return _FALLBACK[tok]
+    except (KeyError, TypeError):
+        pass
+    vocab = tok.get_vocab()
+    mask = np.zeros(max(vocab.values(), default=-1) + 1, dtype=bool)
+    for token, idx in vocab.items():
+        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+            try:
+                int(token[3:5], 16)
+            except ValueError:
+                continue
+            mask[idx] = True
+    try:
+        _FALLBACK[tok] = mask
+    except TypeError:
+        pass
+    return mask
+
+
+def has_byte_fallback(mask: np.ndarray, ids: list[int]) -> bool:
+    if not mask.any() or not ids:
+        return False
+    arr = np.asarray(ids, dtype=np.int64)
+    arr = arr[arr < len(mask)]
+    return bool(mask[arr].any())

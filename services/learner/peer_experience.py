@@ -148,8 +148,11 @@ class PeerIntake:
 
     # ---- SGT ------------------------------------------------------------
     def verified_successes(self, messages: list[Received], step: int, problems: dict[str, Problem], out: IntakeResult | None = None) -> IntakeResult:
-        """Turn peers' ``VerifiedSuccess`` messages for this step into rescue candidates."""
+        """Turn peers' ``VerifiedSuccess`` messages for this step into rescue candidates
+        (re-verified by the receiver, then THL-converted in one batch per source vocabulary)."""
         out = out or IntakeResult()
+        by_source: dict[str, list[tuple[Received, Problem]]] = defaultdict(list)
+        text_only: list[tuple[Received, Problem]] = []
         for m in messages:
             problem = self._admit(m, step, problems, out)
             if problem is None:
@@ -158,17 +161,25 @@ class PeerIntake:
             if self.verifier.score(problem, vs.completion_text) <= 0:
                 out.rejected["reverify_failed"] += 1  # the peer claimed a success we cannot confirm
                 continue
-            source_tok = self.tokenizers.get(vs.tokenizer_fingerprint)
-            try:
-                if source_tok is not None and len(vs.token_ids):
-                    conv = convert(source_tok, self.tok, source_ids=list(vs.token_ids), source_logprobs=list(vs.logprobs) or None)
-                    if conv.text != vs.completion_text:
-                        out.rejected["text_mismatch"] += 1
-                        continue
-                else:
-                    conv = convert(None, self.tok, text=vs.completion_text)
-            except ValueError:
+            if len(vs.logprobs) and len(vs.logprobs) != len(vs.token_ids):
                 out.rejected["malformed"] += 1
+                continue
+            if self.tokenizers.get(vs.tokenizer_fingerprint) is not None and len(vs.token_ids):
+                by_source[vs.tokenizer_fingerprint].append((m, problem))
+            else:
+                text_only.append((m, problem))  # text is all SGT needs; the residual covers the receiver side
+        converted: list[tuple[Received, Problem, Converted]] = []
+        for fp, items in by_source.items():
+            src_tok = self.tokenizers.get(fp)
+            lps = [list(m.payload.logprobs) for m, _ in items]
+            convs = convert_batch(src_tok, self.tok, [list(m.payload.token_ids) for m, _ in items], lps if all(lps) else None, placement=self.placement)  # type: ignore[arg-type]
+            converted += [(m, p, c) for (m, p), c in zip(items, convs)]
+        for m, p in text_only:
+            converted.append((m, p, convert(None, self.tok, text=m.payload.completion_text)))
+        for m, problem, conv in converted:
+            vs = m.payload
+            if conv.text != vs.completion_text:
+                out.rejected["text_mismatch"] += 1
                 continue
             reason = self._record(out, conv)
             if reason:

@@ -125,3 +125,79 @@ def test_learner_waits_for_its_deadline_then_trains_on_what_arrived(arithmetic_t
     # nothing at all arrives: the step is skipped instead of deadlocking
     rec = learner.train_step(2, problems)
     assert rec.get("skipped") is True
+
+
+def _own_all_fail(ex, arts, problems, step=1):
+    """Eight failing own rollouts per prompt, with the model's true behaviour log-probs (on-policy)."""
+    tok = arts.tokenizer
+    for p in problems:
+        ids = tok(p.prompt)["input_ids"]
+        comp = tok("0", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        with torch.no_grad():
+            lp, _ = sequence_logprobs(arts.model, [ids], [comp], pad_id=tok.pad_token_id)
+        for i in range(8):
+            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, prompt_token_ids=ids, token_ids=comp, logprobs=lp[0].tolist(),
+                                  reward=0.0, step=step, sample_index=i, group_size=8, finish_reason="stop"), "a")
+
+
+@pytest.mark.parametrize("mode", ["naive", "prp", "hacpo"])
+def test_peer_rollouts_are_converted_reverified_and_bad_ones_counted(arithmetic_task, mode):
+    ex, store, pols = _setup(arithmetic_task, mode=mode)
+    problems = [Problem("12+34=", "46"), Problem("5+5=", "10")]
+    a_arts, _, _, a_learner = pols["a"]
+    a_learner.intake.verifier = ExactMatchVerifier()
+    _own_all_fail(ex, a_arts, problems)
+    b_tok, b_fp = pols["b"][0].tokenizer, pols["b"][0].fingerprint
+    for p in problems:  # a complete peer group per prompt: one true success, seven failures
+        for i in range(8):
+            text = p.answer if i == 0 else "7"
+            ids = b_tok(text, add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
+            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=text, token_ids=ids, logprobs=[-0.7] * len(ids),
+                                  reward=1.0 if i == 0 else 0.0, step=1, sample_index=i, group_size=8, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
+    bad = [
+        pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, completion_text="99", token_ids=b_tok("99", add_special_tokens=False)["input_ids"],
+                   logprobs=[-0.1], reward=1.0, step=1, sample_index=9, group_size=8, tokenizer_fingerprint=b_fp),  # ids and log-probs differ in length
+        pb.Rollout(prompt_id="nope", prompt_text="1+1=", completion_text="2", token_ids=[5], logprobs=[-0.1], reward=1.0, step=1, tokenizer_fingerprint=b_fp),
+        pb.Rollout(prompt_id=problems[1].prompt_id, prompt_text=problems[1].prompt, completion_text="10", token_ids=[5], logprobs=[-0.1], reward=1.0, step=1, tokenizer_fingerprint="unknown-vocab"),
+    ]
+    for m in bad:
+        ex.publish(m, "b")
+    rec = a_learner.train_step(1, problems)
+    assert rec["peer_rows"] == 16 and rec["shared_in"] == 16
+    assert rec["peer_rejected"] == {"malformed": 1, "unknown_prompt": 1, "unknown_tokenizer": 1}
+    assert rec["thl_residual"] == 0.0 and rec["thl_non_canonical"] == 0
+    assert torch.isfinite(torch.tensor(rec["loss"]))
+    if mode == "hacpo":
+        assert rec["cross_rows"] == 16 and rec["self_rows"] == 16
+        # own capability 0, peer 1/8: the floor keeps ω finite and the ratio clip bounds it at 10
+        assert rec["omega_mean"] == pytest.approx(10.0)
+    if mode == "prp":
+        assert rec["peer_weight_mean"] > 0
+
+
+def test_forged_peer_reward_is_rescored_by_the_receiver(arithmetic_task):
+    ex, store, pols = _setup(arithmetic_task, mode="naive")
+    problems = [Problem("12+34=", "46")]
+    a_arts, _, _, a_learner = pols["a"]
+    a_learner.intake.verifier = ExactMatchVerifier()
+    _own_all_fail(ex, a_arts, problems)
+    b_tok, b_fp = pols["b"][0].tokenizer, pols["b"][0].fingerprint
+    ids = b_tok("45", add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
+    ex.publish(pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, completion_text="45", token_ids=ids, logprobs=[-0.5] * len(ids),
+                          reward=1.0, step=1, sample_index=0, group_size=1, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
+    intake = a_learner.intake.rollouts([r for r in a_learner.peer_sub.poll()], 1, {p.prompt_id: p for p in problems})
+    assert intake.rejected == {"reward_mismatch": 1}
+    assert [r.reward for r in intake.rows] == [0.0]  # the false success is trained on as a failure
+
+
+def test_xgrpo_uses_peer_stats_and_rejects_invalid_ones(arithmetic_task):
+    ex, store, pols = _setup(arithmetic_task, mode="xgrpo")
+    problems = [Problem("12+34=", "46"), Problem("5+5=", "10")]
+    a_arts, _, _, a_learner = pols["a"]
+    _own_all_fail(ex, a_arts, problems)
+    ex.publish(pb.AdvantageStats(prompt_id=problems[0].prompt_id, step=1, count=8, mean=0.5, std=0.53, success_rate=0.5), "b")
+    ex.publish(pb.AdvantageStats(prompt_id=problems[1].prompt_id, step=1, count=8, mean=float("nan"), std=0.1, success_rate=0.5), "b")
+    rec = a_learner.train_step(1, problems)
+    assert rec["shared_in"] == 1 and rec["peer_rejected"] == {"invalid_stats": 1}
+    # the all-fail own group on prompt 0 got a negative advantage (GRPO would give 0): the update moved
+    assert rec["grad_norm"] > 0 and rec["xgrpo_baseline_mean"] > 0

@@ -83,3 +83,36 @@ def test_bad_input_is_an_error(tokenizers):
         convert(t, t)
     empty = convert(t, tokenizers["bpe"], source_ids=[t.eos_token_id], source_logprobs=[-1.0])
     assert empty.text == "" and empty.target_ids == []
+
+
+def test_unigram_byte_fallback_pieces_group_with_their_character():
+    uni = build_tokenizer("unigram", ["ab cd"] * 20, 40)  # no CJK in the corpus: 世 and 界 fall back to bytes
+    char = build_tokenizer("char", ["世界 ab"] * 10)
+    ids = uni("a世界", add_special_tokens=False)["input_ids"]
+    pieces = uni.convert_ids_to_tokens(ids)
+    assert pieces[1:] == ["<0xE4>", "<0xB8>", "<0x96>", "<0xE7>", "<0x95>", "<0x8C>"]
+    lps = [-0.1, -0.2, -0.3, -0.4, -0.5, -0.6, -0.7]
+    c = convert(uni, char, source_ids=ids, source_logprobs=lps)
+    assert c.text == "a世界" and c.residual.roundtrip_ok and c.residual.unaligned_fraction == 0
+    # the three byte pieces of each character form one group with that character's token
+    assert [(g.source, g.target) for g in c.groups] == [((0,), (0,)), ((1, 2, 3), (1,)), ((4, 5, 6), (2,))]
+    assert c.target_logprobs == pytest.approx([-0.1, -0.9, -1.8])
+    from mutualrl.thl import convert_batch
+
+    b = convert_batch(uni, char, [ids], [lps], with_groups=True)[0]
+    assert [g.to_dict() for g in b.groups] == [g.to_dict() for g in c.groups] and b.target_logprobs == pytest.approx(c.target_logprobs)
+
+
+def test_wordpiece_whitespace_loss_is_reported_not_aligned():
+    wp = build_tokenizer("wordpiece", ["the quick brown fox 12 + 34"] * 20, 60)
+    bpe = build_tokenizer("bpe", ["the quick brown fox 12+34"] * 20, 280)
+    # words separated by single spaces survive WordPiece decoding exactly
+    src_ids = bpe("the quick fox", add_special_tokens=False)["input_ids"]
+    lps = [-0.5 - 0.1 * i for i in range(len(src_ids))]
+    ok = convert(bpe, wp, source_ids=src_ids, source_logprobs=lps)
+    assert ok.residual.roundtrip_ok and ok.residual.unaligned_fraction == 0
+    assert sum(ok.target_logprobs) == pytest.approx(sum(lps), abs=1e-9)
+    # '12+34' decodes as '12 + 34' in WordPiece: an explicit residual, and the budget rejects it
+    bad = convert(bpe, wp, source_ids=bpe("12+34", add_special_tokens=False)["input_ids"])
+    assert not bad.residual.roundtrip_ok and bad.residual.unaligned_fraction > 0
+    assert ThlBudget().rejection(bad.residual) == "roundtrip"

@@ -19,11 +19,12 @@ def toks():
         "char": build_tokenizer("char", CORPUS),
         "bpe": build_tokenizer("bpe", CORPUS, 400),
         "unigram": build_tokenizer("unigram", CORPUS, 200),
+        "wordpiece": build_tokenizer("wordpiece", CORPUS, 200),
         "qwen2.5": qwen25_tokenizer(),
     }
 
 
-NAMES = ["char", "bpe", "unigram", "qwen2.5"]
+NAMES = ["char", "bpe", "unigram", "wordpiece", "qwen2.5"]
 PAIRS = [(a, b) for a in NAMES for b in NAMES if a != b]
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=40)
 
