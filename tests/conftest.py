@@ -48,3 +48,13 @@ def tokenizers(arithmetic_task):
 
     corpus = arithmetic_task.corpus()
     return {kind: build_tokenizer(kind, corpus, 300) for kind in ("char", "bpe", "unigram")}
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real Redis-compatible server on a free loopback port for the whole session, stopped by pid."""
+    from mutualrl.see.server import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.cleanup()

@@ -4,13 +4,16 @@ Typed protobuf messages in an :class:`~mutualrl.v1.experience_pb2.Envelope`,
 carried on streams (one per experience type and producer) with one consumer
 group per receiving policy, at-least-once delivery with idempotent receivers,
 bounded retention and a dead-letter stream. ``InProcessBroker`` is the embedded
-default; a Redis Streams backend implements the same :class:`Broker` contract.
+default; ``RedisBroker`` (Redis Streams) is the durable backend the services share.
+Both implement the same :class:`Broker` contract, checked by one test suite.
 """
 
 from mutualrl.see.broker import Broker, Entry
 from mutualrl.see.inprocess import InProcessBroker
 from mutualrl.see.codec import CodecError, EnvelopeCodec, PAYLOAD_KINDS, SCHEMA_VERSION
-from mutualrl.see.exchange import ExperienceExchange, Received, Subscription, stream_name
+from mutualrl.see.exchange import Backpressure, BackpressureTimeout, ExperienceExchange, Received, Subscription, dead_letter_stream, stream_name
+from mutualrl.see.metrics import SeeCollector
+from mutualrl.see.redis_broker import RedisBroker, RedisOptions
 
 __all__ = [
     "Broker",
@@ -20,7 +23,13 @@ __all__ = [
     "EnvelopeCodec",
     "PAYLOAD_KINDS",
     "SCHEMA_VERSION",
+    "Backpressure",
+    "BackpressureTimeout",
     "ExperienceExchange",
+    "RedisBroker",
+    "RedisOptions",
+    "SeeCollector",
+    "dead_letter_stream",
     "Received",
     "Subscription",
     "stream_name",

@@ -21,11 +21,16 @@ class Broker(ABC):
     per-stream order; an entry delivered to a group stays *pending* for the
     consumer that read it until acknowledged; pending entries idle for longer
     than ``min_idle_ms`` can be claimed by another consumer; streams are
-    trimmed to ``max_len`` entries (oldest first).
+    trimmed to ``max_len`` entries and ``max_age_ms`` of age (oldest first).
     """
 
     @abstractmethod
-    def publish(self, stream: str, data: bytes, max_len: int | None = None) -> str: ...
+    def publish(self, stream: str, data: bytes, max_len: int | None = None, max_age_ms: int | None = None) -> str:
+        """Append; then trim the stream to ``max_len`` entries and drop entries older than ``max_age_ms``."""
+
+    def publish_many(self, stream: str, items: list[bytes], max_len: int | None = None, max_age_ms: int | None = None) -> list[str]:
+        """Append several entries (backends override this to use one round trip)."""
+        return [self.publish(stream, d, max_len, max_age_ms) for d in items]
 
     @abstractmethod
     def ensure_group(self, stream: str, group: str, start: str = "0") -> None:
@@ -50,6 +55,14 @@ class Broker(ABC):
 
     @abstractmethod
     def streams(self, prefix: str = "") -> list[str]: ...
+
+    @abstractmethod
+    def groups(self, stream: str) -> list[dict]:
+        """Per consumer group of ``stream``: ``name``, ``pending`` and ``lag`` (entries not yet delivered)."""
+
+    def backlog(self, stream: str) -> int:
+        """Entries the slowest group has not finished with (lag + pending): what backpressure bounds."""
+        return max((int(g["lag"] or 0) + int(g["pending"]) for g in self.groups(stream)), default=0)
 
     def close(self) -> None:  # pragma: no cover - default no-op
         pass

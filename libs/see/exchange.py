@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Iterable
@@ -38,36 +39,124 @@ class Received:
         return getattr(self.envelope, self.kind)
 
 
+class BackpressureTimeout(RuntimeError):
+    """A ``block`` publisher waited ``block_timeout_s`` and the stream stayed over its bound."""
+
+
+@dataclass(frozen=True)
+class Backpressure:
+    """What a publisher does when a stream's backlog (entries the slowest receiver has not
+    finished: lag + pending) reaches ``max_backlog``: wait for receivers (``block``, up to
+    ``block_timeout_s``, then :class:`BackpressureTimeout`) or skip the message (``drop``).
+    Either way it is counted; nothing is trimmed away unread because of it."""
+
+    max_backlog: int
+    policy: str = "block"  # block | drop
+    block_timeout_s: float = 30.0
+    poll_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("block", "drop"):
+            raise ValueError(f"unknown backpressure policy {self.policy!r}; valid: block, drop")
+        if self.max_backlog < 1:
+            raise ValueError("backpressure max_backlog must be >= 1")
+
+
 class ExperienceExchange:
     """Publishes a producer's experience and opens subscriptions for receivers.
 
     ``namespace`` isolates experiments sharing one broker (``mutualrl:<run>``).
+    Retention: ``max_len`` entries and/or ``max_age_ms`` per stream.
     """
 
-    def __init__(self, broker: Broker, namespace: str, hmac_key: bytes | None = None, max_len: int | None = None):
+    def __init__(
+        self,
+        broker: Broker,
+        namespace: str,
+        hmac_key: bytes | None = None,
+        max_len: int | None = None,
+        max_age_ms: int | None = None,
+        backpressure: Backpressure | None = None,
+    ):
         self.broker = broker
         self.namespace = namespace
         self.codec = EnvelopeCodec(hmac_key)
         self.max_len = max_len
+        self.max_age_ms = max_age_ms
+        self.backpressure = backpressure
         self.published: Counter[str] = Counter()
+        self.backpressure_events: Counter[str] = Counter()  # blocked, dropped
+        self.subscriptions: list[Subscription] = []
+        self._headroom: dict[str, int] = {}  # stream -> publishes allowed before the next backlog check
 
-    def publish(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> str:
-        """Wrap, sign and append; returns the message id (the receivers' dedup key)."""
+    def _admit(self, stream: str, n: int) -> bool:
+        """Backpressure gate for ``n`` new entries; cheap: the backlog is only queried when the
+        last known value plus publishes since could have reached the bound."""
+        bp = self.backpressure
+        if bp is None:
+            return True
+        if self._headroom.get(stream, 0) >= n:
+            self._headroom[stream] -= n
+            return True
+        deadline = time.monotonic() + bp.block_timeout_s
+        waited = False
+        while True:
+            backlog = self.broker.backlog(stream)
+            if backlog + n <= bp.max_backlog:
+                self._headroom[stream] = bp.max_backlog - backlog - n
+                if waited:
+                    self.backpressure_events["blocked"] += 1
+                return True
+            if bp.policy == "drop":
+                self.backpressure_events["dropped"] += n
+                return False
+            if time.monotonic() >= deadline:
+                self.backpressure_events["timeout"] += 1
+                raise BackpressureTimeout(f"stream {stream} stayed at backlog {backlog} >= {bp.max_backlog} for {bp.block_timeout_s}s")
+            waited = True
+            time.sleep(bp.poll_s)
+
+    def publish(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> str | None:
+        """Wrap, sign and append; returns the message id (the receivers' dedup key), or None
+        when backpressure dropped the message."""
         env = self.codec.wrap(payload, producer, weights_version, message_id)
         kind = kind_of(payload)
-        self.broker.publish(stream_name(self.namespace, kind, producer), self.codec.encode(env), self.max_len)
+        stream = stream_name(self.namespace, kind, producer)
+        if not self._admit(stream, 1):
+            return None
+        self.broker.publish(stream, self.codec.encode(env), self.max_len, self.max_age_ms)
         self.published[kind] += 1
         return env.message_id
 
-    def publish_many(self, payloads: Iterable[Message], producer: str, weights_version: int = 0) -> list[str]:
-        return [self.publish(p, producer, weights_version) for p in payloads]
+    def publish_many(self, payloads: Iterable[Message], producer: str, weights_version: int = 0) -> list[str | None]:
+        """Publish several messages, one broker round trip per stream."""
+        by_stream: dict[str, list[tuple[int, str, bytes]]] = {}
+        ids: list[str | None] = []
+        kinds: dict[str, str] = {}
+        for i, p in enumerate(payloads):
+            env = self.codec.wrap(p, producer, weights_version)
+            kind = kind_of(p)
+            stream = stream_name(self.namespace, kind, producer)
+            kinds[stream] = kind
+            by_stream.setdefault(stream, []).append((i, env.message_id, self.codec.encode(env)))
+            ids.append(env.message_id)
+        for stream, items in by_stream.items():
+            if not self._admit(stream, len(items)):
+                for i, _, _ in items:
+                    ids[i] = None
+                continue
+            self.broker.publish_many(stream, [data for _, _, data in items], self.max_len, self.max_age_ms)
+            self.published[kinds[stream]] += len(items)
+        return ids
 
     def subscribe(self, receiver: str, kinds: list[str], producers: list[str], consumer: str | None = None) -> "Subscription":
         for k in kinds:
             if k not in PAYLOAD_KINDS:
                 raise ValueError(f"unknown experience kind {k!r}; valid: {', '.join(PAYLOAD_KINDS)}")
         streams = [stream_name(self.namespace, k, p) for k in kinds for p in producers]
-        return Subscription(self, receiver, consumer or f"{receiver}-0", streams)
+        sub = Subscription(self, receiver, consumer or f"{receiver}-0", streams)
+        self.subscriptions.append(sub)
+        return sub
 
 
 class Subscription:

@@ -46,7 +46,7 @@ class InProcessBroker(Broker):
     def _stream(self, name: str) -> _Stream:
         return self._streams.setdefault(name, _Stream())
 
-    def publish(self, stream: str, data: bytes, max_len: int | None = None) -> str:
+    def publish(self, stream: str, data: bytes, max_len: int | None = None, max_age_ms: int | None = None) -> str:
         with self._cond:
             s = self._stream(stream)
             ms = int(time.time() * 1000)
@@ -58,6 +58,10 @@ class InProcessBroker(Broker):
             bound = max_len if max_len is not None else self.default_max_len
             while bound is not None and len(s.entries) > bound:
                 s.entries.popitem(last=False)  # like XADD MAXLEN: trimmed entries vanish, PEL refs dangle
+            if max_age_ms is not None:
+                min_ms = ms - max_age_ms
+                while s.entries and _parse(next(iter(s.entries)))[0] < min_ms:
+                    s.entries.popitem(last=False)  # like XTRIM MINID
             self._cond.notify_all()
             return entry_id
 
@@ -135,6 +139,16 @@ class InProcessBroker(Broker):
         with self._cond:
             s = self._streams.get(stream)
             return len(s.entries) if s else 0
+
+    def groups(self, stream: str) -> list[dict]:
+        with self._cond:
+            s = self._streams.get(stream)
+            if s is None:
+                return []
+            return [
+                {"name": name, "pending": len(g.pending), "lag": sum(1 for e in s.entries if _parse(e) > g.last_id)}
+                for name, g in s.groups.items()
+            ]
 
     def streams(self, prefix: str = "") -> list[str]:
         with self._cond:

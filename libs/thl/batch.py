@@ -17,6 +17,7 @@ work is Rust batch calls and the alignment is vectorised:
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Literal, Sequence
 
 import numpy as np
@@ -53,7 +54,7 @@ def _byte_ends(offsets: Sequence[tuple[int, int]], text: str) -> np.ndarray | No
     n = len(offsets)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    off = np.asarray(offsets, dtype=np.int64).reshape(n, 2)
+    off = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=2 * n).reshape(n, 2)
     if text.isascii():
         starts, ends = off[:, 0], off[:, 1]
         total = len(text)
@@ -105,7 +106,7 @@ def _table_ends(table: VocabBytes | None, ids: list[int]) -> tuple[bytes, np.nda
     """(bytes, byte end of each token) from the vocabulary table; None when a token is irregular."""
     if table is None or not ids:
         return None
-    arr = np.asarray(ids, dtype=np.int64)
+    arr = np.fromiter(ids, dtype=np.int64, count=len(ids))
     if arr.max() >= len(table.regular) or arr.min() < 0 or not table.regular[arr].all():
         return None
     return table.join(ids), np.cumsum(table.lengths[arr])
@@ -118,9 +119,15 @@ def convert_batch(
     source_logprobs: list[list[float]] | None = None,
     placement: Literal["spread", "last"] = "spread",
     with_groups: bool = False,
+    source_canonical: Sequence[bool | None] | None = None,
 ) -> list[Converted]:
     """Convert many completions at once; ``with_groups`` also builds the AlignmentGroup objects
     (slower; the learner only needs the transported traces and the residual).
+
+    ``source_canonical`` carries the producer's own non-canonical check per row (the
+    ``canonical`` field of a Rollout): rows that have it skip the source re-encode; rows
+    with ``None`` are checked here. A wrong claim can only mislabel the residual flag:
+    the transported log-probs are the sampled path's either way.
 
     Byte-level vocabularies take the table path (:mod:`mutualrl.thl.vocab_bytes`): text and
     byte spans by lookup, the round trip checked on bytes. Every other case, and every
@@ -162,8 +169,14 @@ def convert_batch(
     batch_texts = [texts[k] or "" for k in batch]
 
     # 2. the non-canonical flag (and offsets where no table gave the spans)
+    if source_canonical is not None and len(source_canonical) != n:
+        raise ValueError(f"{len(source_canonical)} canonical flags for {n} rows")
+    claimed = {k: source_canonical[k] for k in batch if source_canonical is not None and source_canonical[k] is not None}
     if all(src_ends[k] is not None for k in batch):
-        src_ids = dict(zip(batch, _encode_ids(source_tok, batch_texts)))
+        todo = [k for k in batch if k not in claimed]
+        src_ids = dict(zip(todo, _encode_ids(source_tok, [texts[k] or "" for k in todo]))) if todo else {}
+        for k, flag in claimed.items():
+            src_ids[k] = ids_list[k] if flag else None  # type: ignore[assignment]
         src_offsets = {}
     else:
         enc = _encode_batch(source_tok, batch_texts)
@@ -196,11 +209,12 @@ def convert_batch(
             usable = roundtrip[k] and not has_byte_fallback(fallback, ids_k)
             tgt_ends[k] = _byte_ends(off, texts[k]) if usable else None  # type: ignore[arg-type]
 
-    out: list[Converted] = []
+    out: list[Converted | None] = [None] * n
+    fast: list[tuple[int, str, list[int], list[float] | None, list[int], np.ndarray, np.ndarray, bool]] = []
     for k in range(n):
         ids, lps = ids_list[k], lps_list[k]
         if exact[k]:
-            out.append(convert(source_tok, target_tok, source_ids=ids, source_logprobs=lps, placement=placement))
+            out[k] = convert(source_tok, target_tok, source_ids=list(source_ids[k]), source_logprobs=_raw_lps(source_logprobs, k), placement=placement)
             continue
         text = texts[k]
         assert text is not None
@@ -214,9 +228,91 @@ def convert_batch(
         t_ends = tgt_ends.get(k)
         if not roundtrip[k] or t_ends is None or s_ends is None or not ids or not t_ids:
             # the exact but slower path handles every irregular case (and reports it)
-            out.append(convert(source_tok, target_tok, source_ids=ids, source_logprobs=lps, placement=placement))
+            out[k] = convert(source_tok, target_tok, source_ids=list(source_ids[k]), source_logprobs=_raw_lps(source_logprobs, k), placement=placement)
             continue
-        out.append(_aligned(text, ids, lps, t_ids, s_ends, t_ends, non_canonical, placement, with_groups))
+        if with_groups:
+            out[k] = _aligned(text, ids, lps, t_ids, s_ends, t_ends, non_canonical, placement, with_groups)
+        else:
+            fast.append((k, text, ids, lps, t_ids, s_ends, t_ends, non_canonical))
+    for k, conv in _aligned_many(fast, placement):
+        out[k] = conv
+    return out  # type: ignore[return-value]
+
+
+def _raw_lps(source_logprobs: list[list[float]] | None, k: int) -> list[float] | None:
+    """Row k as the caller gave it (the reference converter strips the EOS itself)."""
+    return list(source_logprobs[k]) if source_logprobs is not None else None
+
+
+def _sorted_member(x: np.ndarray, sorted_ref: np.ndarray) -> np.ndarray:
+    """``np.isin`` for a sorted reference array, by binary search."""
+    if len(sorted_ref) == 0:
+        return np.zeros(len(x), dtype=bool)
+    i = np.minimum(np.searchsorted(sorted_ref, x), len(sorted_ref) - 1)
+    return sorted_ref[i] == x
+
+
+def _sorted_common(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted unique values present in both non-decreasing arrays."""
+    c = a[_sorted_member(a, b)]
+    return c[np.r_[True, c[1:] != c[:-1]]] if len(c) else c
+
+
+def _aligned_many(rows: list, placement: str) -> list[tuple[int, Converted]]:
+    """:func:`_aligned` for many fully covered rows at once: rows are laid end to end on one
+    byte axis (a one-byte gap between rows, so no boundary is shared across rows), grouped
+    with one ``intersect1d``/``searchsorted``, and log-probs moved with one ``bincount``."""
+    if not rows:
+        return []
+    totals = np.array([int(r[5][-1]) for r in rows], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(totals + 1)[:-1]])
+    n_src = np.array([len(r[5]) for r in rows])
+    n_tgt = np.array([len(r[6]) for r in rows])
+    S = np.concatenate([r[5] for r in rows]) + np.repeat(offsets, n_src)
+    T = np.concatenate([r[6] for r in rows]) + np.repeat(offsets, n_tgt)
+    b = _sorted_common(S, T)  # S and T are sorted: no hashing needed
+    b = b[~_sorted_member(b, offsets)]  # a token ending at its row's byte 0 opens the row's first group
+
+    def index(ends: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(b, ends, side="left")
+        same = ends[1:] == ends[:-1]
+        if same.any():  # zero-width tokens on a boundary belong to the next group of their row
+            row_last = np.repeat(np.searchsorted(b, offsets + totals, side="left"), counts)
+            zero = np.r_[False, same] & _sorted_member(ends, b)
+            idx = np.where(zero, np.minimum(idx + 1, row_last), idx)
+        return idx
+
+    src_g, tgt_g = index(S, n_src), index(T, n_tgt)
+    has_lps = all(r[3] is not None for r in rows)
+    tl_all = None
+    if has_lps:
+        lp = np.concatenate([np.asarray(r[3], dtype=np.float64) for r in rows])
+        sums = np.bincount(src_g, weights=lp, minlength=len(b))
+        if placement == "spread":
+            tl_all = sums[tgt_g] / np.bincount(tgt_g, minlength=len(b))[tgt_g]
+        else:
+            last = np.r_[tgt_g[1:] != tgt_g[:-1], True]
+            tl_all = np.where(last, sums[tgt_g], 0.0)
+        src_sums = np.add.reduceat(lp, np.r_[0, np.cumsum(n_src)[:-1]])
+        tgt_sums = np.add.reduceat(tl_all, np.r_[0, np.cumsum(n_tgt)[:-1]])
+        tl_rows = np.split(tl_all, np.cumsum(n_tgt)[:-1])
+    out = []
+    for j, (k, text, ids, lps, t_ids, _, _, non_canonical) in enumerate(rows):
+        eta = float(abs(tgt_sums[j] - src_sums[j])) if has_lps else 0.0
+        out.append(
+            (
+                k,
+                Converted(
+                    text=text,
+                    target_ids=list(t_ids),
+                    groups=[],
+                    residual=Residual(0.0, eta, len(t_ids) / len(ids), True, bool(non_canonical)),
+                    target_logprobs=tl_rows[j].tolist() if has_lps else None,
+                    target_mask=[1] * len(t_ids),
+                    source_mean_logprob=(float(src_sums[j]) / len(ids)) if has_lps else None,
+                ),
+            )
+        )
     return out
 
 

@@ -113,7 +113,7 @@ class StepObjective:
             adv = torch.zeros(N)
             adv[own], adv[~own] = own_adv, res_adv
         elif self.mode == "xgrpo":
-            adv, base = self._xgrpo(rows, rewards, groups, peer_stats)
+            adv, base = self._xgrpo(rows, rewards, groups, gid, peer_stats)
             metrics["xgrpo_baseline_mean"] = float(base.mean()) if N else 0.0
         elif self.mode == "hacpo":
             assert self.tracker is not None
@@ -126,21 +126,28 @@ class StepObjective:
             raise ValueError(f"unknown sharing mode {self.mode!r}")
         return StepAdvantages(adv, omega, metrics)
 
-    def _xgrpo(self, rows: Rows, rewards: torch.Tensor, groups: torch.Tensor, peer_stats: dict[str, list[PeerStats]]):
+    def _xgrpo(self, rows: Rows, rewards: torch.Tensor, groups: torch.Tensor, gid: dict[str, int], peer_stats: dict[str, list[PeerStats]]):
+        """Per-prompt [K, M] stat tables filled from the messages, then gathered per row."""
         peers = sorted({s.producer for st in peer_stats.values() for s in st})
-        M = max(1, len(peers))
-        shape = (len(rows), M)
-        count, mean, std, omega = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape), torch.ones(shape)
-        for i, pid in enumerate(rows.prompt_id):
-            for s in peer_stats.get(pid, []):
-                j = peers.index(s.producer)
-                count[i, j], mean[i, j], std[i, j] = s.count, s.mean, s.std
-                if self.tracker is not None:
-                    omega[i, j] = self.tracker.ratio(self.policy, s.producer)  # ω^(n,m) = P̂_n / P̂_m
+        col = {p: j for j, p in enumerate(peers)}
+        K, M = len(gid), max(1, len(peers))
+        table = [[[0.0, 0.0, 0.0] for _ in range(M)] for _ in range(K)]  # (count, mean, std); filled in Python, one tensor after
+        for pid, stats in peer_stats.items():
+            k = gid.get(pid)
+            if k is None:
+                continue
+            for st in stats:
+                table[k][col[st.producer]] = [float(st.count), st.mean, st.std]
+        t = torch.tensor(table)  # [K, M, 3]
+        count, mean, std = t[..., 0], t[..., 1], t[..., 2]
+        omega = torch.ones(M)
+        if self.tracker is not None:
+            for p, j in col.items():
+                omega[j] = self.tracker.ratio(self.policy, p)  # ω^(n,m) = P̂_n / P̂_m
         x = self.sh.xgrpo
         adv, base, _ = xgrpo_advantages(
-            rewards, groups, count, mean, std, variant=x.variant, peer_weight=x.peer_weight,
-            peer_omega=omega if x.variant == "calibrated" else None, norm_by_std=self.a.norm_adv_by_std, epsilon=self.a.epsilon,
+            rewards, groups, count[groups], mean[groups], std[groups], variant=x.variant, peer_weight=x.peer_weight,
+            peer_omega=omega.expand(len(rows), M) if x.variant == "calibrated" else None, norm_by_std=self.a.norm_adv_by_std, epsilon=self.a.epsilon,
         )
         return adv, base
 

@@ -21,6 +21,11 @@ from mutualrl.tasks import Problem, Verifier
 from mutualrl.thl import Converted, ThlBudget, convert, convert_batch
 
 
+def _canonical_claim(payload) -> bool | None:
+    """The producer's canonical flag when it sent one (THL then skips the re-encode)."""
+    return payload.canonical if payload.HasField("canonical") else None
+
+
 class TokenizerRegistry:
     """Tokenizers by vocabulary fingerprint, so a receiver can read a producer's token ids."""
 
@@ -172,7 +177,10 @@ class PeerIntake:
         for fp, items in by_source.items():
             src_tok = self.tokenizers.get(fp)
             lps = [list(m.payload.logprobs) for m, _ in items]
-            convs = convert_batch(src_tok, self.tok, [list(m.payload.token_ids) for m, _ in items], lps if all(lps) else None, placement=self.placement)  # type: ignore[arg-type]
+            convs = convert_batch(
+                src_tok, self.tok, [list(m.payload.token_ids) for m, _ in items], lps if all(lps) else None,  # type: ignore[arg-type]
+                placement=self.placement, source_canonical=[_canonical_claim(m.payload) for m, _ in items],
+            )
             converted += [(m, p, c) for (m, p), c in zip(items, convs)]
         for m, p in text_only:
             converted.append((m, p, convert(None, self.tok, text=m.payload.completion_text)))
@@ -229,7 +237,10 @@ class PeerIntake:
         for fp, items in by_source.items():
             src_tok = self.tokenizers.get(fp)
             assert src_tok is not None
-            convs = convert_batch(src_tok, self.tok, [list(m.payload.token_ids) for m, _, _ in items], [list(m.payload.logprobs) for m, _, _ in items], placement=self.placement)  # type: ignore[arg-type]
+            convs = convert_batch(
+                src_tok, self.tok, [list(m.payload.token_ids) for m, _, _ in items], [list(m.payload.logprobs) for m, _, _ in items],  # type: ignore[arg-type]
+                placement=self.placement, source_canonical=[_canonical_claim(m.payload) for m, _, _ in items],
+            )
             for (m, problem, score), conv in zip(items, convs):
                 r = m.payload
                 if conv.text != r.completion_text:

@@ -74,10 +74,15 @@ class RolloutWorker:
         G = self.sampling.n
         for problem, p_ids, group in zip(problems, prompt_ids, groups):
             texts = [self.tok.decode(s.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) for s in group]
+            # whether each sampled path is the canonical encoding of its text: computed once here
+            # rather than by every receiver's THL (algorithms.md §3.2, non-canonical flag)
+            fresh = self.tok(texts, add_special_tokens=False)["input_ids"]
+            eos = self.tok.eos_token_id
+            canonical = [f == (list(s.token_ids[:-1]) if s.token_ids and s.token_ids[-1] == eos else list(s.token_ids)) for f, s in zip(fresh, group)]
             rewards = self.verifier.score_many([problem] * len(group), texts)
             result.rewards[problem.prompt_id] = rewards
             seen_success: set[str] = set()
-            for i, (s, text, r) in enumerate(zip(group, texts, rewards)):
+            for i, (s, text, r, canon) in enumerate(zip(group, texts, rewards, canonical)):
                 self.ex.publish(
                     pb.Rollout(
                         prompt_id=problem.prompt_id,
@@ -93,6 +98,7 @@ class RolloutWorker:
                         sample_index=i,
                         group_size=G,
                         tokenizer_fingerprint=self.fingerprint,
+                        canonical=canon,
                     ),
                     self.policy,
                     version,
@@ -112,6 +118,7 @@ class RolloutWorker:
                             verifier_version=self.verifier.version,
                             step=step,
                             tokenizer_fingerprint=self.fingerprint,
+                            canonical=canon,
                         ),
                         self.policy,
                         version,

@@ -90,7 +90,13 @@ def test_batched_conversion_equals_single(toks, src, tgt, texts):
     lps = [[-(i % 5 + 1) / 4 for i in range(len(row))] for row in ids]
     for placement in ("spread", "last"):
         batch = convert_batch(s, t, ids, lps, placement=placement, with_groups=True)
-        for row, lp, b in zip(ids, lps, batch):
+        fast = convert_batch(s, t, ids, lps, placement=placement)  # the learner's path: all rows aligned at once
+        for row, lp, b, f in zip(ids, lps, batch, fast):
+            assert (f.text, f.target_ids) == (b.text, b.target_ids)
+            fr, br = f.residual.to_dict(), b.residual.to_dict()
+            assert fr.pop("logprob_residual") == pytest.approx(br.pop("logprob_residual"), abs=1e-9) and fr == br
+            assert f.target_logprobs == pytest.approx(b.target_logprobs, abs=1e-9) and f.target_mask == b.target_mask
+            assert f.source_mean_logprob == pytest.approx(b.source_mean_logprob)
             ref = convert(s, t, source_ids=row, source_logprobs=lp, placement=placement)
             assert b.text == ref.text and b.target_ids == ref.target_ids
             assert b.residual.roundtrip_ok == ref.residual.roundtrip_ok

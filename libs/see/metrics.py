@@ -1,0 +1,75 @@
+"""Prometheus metrics of SEE, named ``mutualrl_see_*``.
+
+A custom collector reads the exchange's own counters and asks the broker for
+stream lengths, consumer-group lag and pending counts at scrape time, so a
+scrape always shows the broker's present state and nothing has to be updated
+on the hot path. Register it on the service's registry:
+``registry.register(SeeCollector(exchange))``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from mutualrl.see.exchange import ExperienceExchange, dead_letter_stream
+
+
+class SeeCollector(Collector):
+    def __init__(self, exchange: ExperienceExchange):
+        self.ex = exchange
+
+    def collect(self) -> Iterator:
+        ex = self.ex
+        ns = ex.namespace
+        published = CounterMetricFamily("mutualrl_see_published", "Messages published, by kind.", labels=["namespace", "kind"])
+        for kind, n in sorted(ex.published.items()):
+            published.add_metric([ns, kind], n)
+        yield published
+
+        bp = CounterMetricFamily("mutualrl_see_backpressure", "Publishes held back by backpressure, by action (blocked, dropped, timeout).", labels=["namespace", "action"])
+        for action, n in sorted(ex.backpressure_events.items()):
+            bp.add_metric([ns, action], n)
+        yield bp
+
+        delivered = CounterMetricFamily("mutualrl_see_consumed", "Messages acknowledged by a receiver, by kind.", labels=["namespace", "receiver", "kind"])
+        dupes = CounterMetricFamily("mutualrl_see_duplicates", "Redeliveries skipped by receiver-side dedup.", labels=["namespace", "receiver"])
+        dead = CounterMetricFamily("mutualrl_see_dead_lettered", "Messages a receiver moved to the dead-letter stream, by reason.", labels=["namespace", "receiver", "reason"])
+        for sub in ex.subscriptions:
+            for key, n in sorted(sub.counts.items()):
+                if key == "duplicate":
+                    dupes.add_metric([ns, sub.group], n)
+                elif key.startswith("dead_letter:"):
+                    dead.add_metric([ns, sub.group, key.split(":", 1)[1]], n)
+                else:
+                    delivered.add_metric([ns, sub.group, key], n)
+        yield delivered
+        yield dupes
+        yield dead
+
+        length = GaugeMetricFamily("mutualrl_see_stream_length", "Entries in each stream.", labels=["stream"])
+        lag = GaugeMetricFamily("mutualrl_see_group_lag", "Entries not yet delivered to a consumer group.", labels=["stream", "group"])
+        pending = GaugeMetricFamily("mutualrl_see_pending", "Entries delivered to a group and not yet acknowledged.", labels=["stream", "group"])
+        dl = GaugeMetricFamily("mutualrl_see_dead_letters", "Entries in the dead-letter stream.", labels=["namespace"])
+        try:
+            for stream in ex.broker.streams(ns + ":"):
+                length.add_metric([stream], ex.broker.length(stream))
+                for g in ex.broker.groups(stream):
+                    if g.get("lag") is not None:
+                        lag.add_metric([stream, g["name"]], float(g["lag"]))
+                    pending.add_metric([stream, g["name"]], float(g["pending"]))
+            dl.add_metric([ns], ex.broker.length(dead_letter_stream(ns)))
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the broker is briefly away
+            up = GaugeMetricFamily("mutualrl_see_broker_up", "1 when the broker answered the last scrape.", labels=["namespace"])
+            up.add_metric([ns], 0)
+            yield up
+            return
+        up = GaugeMetricFamily("mutualrl_see_broker_up", "1 when the broker answered the last scrape.", labels=["namespace"])
+        up.add_metric([ns], 1)
+        yield length
+        yield lag
+        yield pending
+        yield dl
+        yield up
