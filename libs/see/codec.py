@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import hmac
 import time
 import uuid
@@ -40,23 +41,53 @@ def kind_of(payload: Message) -> str:
         raise TypeError(f"{type(payload).__name__} is not an experience payload; valid: {', '.join(PAYLOAD_KINDS)}") from None
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+_PAYLOAD_TAGS = {f.name: _varint(f.number << 3 | 2) for f in pb.Envelope.DESCRIPTOR.oneofs_by_name["payload"].fields}
+
+
+def _field_tag(kind: str) -> bytes:
+    return _PAYLOAD_TAGS[kind]
+
+
+_SIG_TAG = b"\x32\x20"
+"""Envelope.signature (field 6, length-delimited) holding 32 bytes: tag and length prefix."""
+
+
 class EnvelopeCodec:
     """Wraps payloads in envelopes and checks them on the way back.
 
     The signature is an HMAC-SHA256 over the deterministic serialization of the
     envelope with ``signature`` cleared; when a key is configured every message
     must carry a valid one, so a peer without the key cannot inject experience.
+    (Both forms verify: the signature field appended to the signed bytes, which
+    is what publishers write, or anywhere in a re-serialised envelope.)
     """
 
     def __init__(self, hmac_key: bytes | None = None):
         self.hmac_key = hmac_key
 
     def _sign(self, env: pb.Envelope) -> bytes:
+        """HMAC over the envelope serialised with ``signature`` empty (the field is cleared
+        for the computation and restored, instead of copying the whole message)."""
         assert self.hmac_key is not None
-        unsigned = pb.Envelope()
-        unsigned.CopyFrom(env)
-        unsigned.ClearField("signature")
-        return hmac.new(self.hmac_key, unsigned.SerializeToString(deterministic=True), hashlib.sha256).digest()
+        sig = env.signature
+        env.ClearField("signature")
+        try:
+            return hmac.new(self.hmac_key, env.SerializeToString(deterministic=True), hashlib.sha256).digest()
+        finally:
+            if sig:
+                env.signature = sig
 
     def wrap(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> pb.Envelope:
         env = pb.Envelope(
@@ -74,6 +105,24 @@ class EnvelopeCodec:
     def encode(self, env: pb.Envelope) -> bytes:
         return env.SerializeToString(deterministic=True)
 
+    def wrap_encoded(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> tuple[str, bytes]:
+        """``(message_id, bytes)`` for publishing, built without copying the payload: the
+        envelope's header fields (1–5) serialised, then the payload as its length-delimited
+        field — byte for byte the deterministic serialisation of the whole envelope, since
+        fields are written in number order. The HMAC covers those bytes and is appended as
+        the signature field (field order is free in protobuf; :meth:`decode` verifies both
+        this and a re-serialised form)."""
+        mid = message_id or os.urandom(16).hex()
+        head = pb.Envelope(
+            schema_version=SCHEMA_VERSION, message_id=mid, producer=producer,
+            weights_version=weights_version, created_unix_nanos=time.time_ns(),
+        ).SerializeToString(deterministic=True)
+        body = payload.SerializeToString(deterministic=True)
+        data = head + _field_tag(kind_of(payload)) + _varint(len(body)) + body
+        if self.hmac_key:
+            data += _SIG_TAG + hmac.digest(self.hmac_key, data, "sha256")
+        return mid, data
+
     def decode(self, data: bytes) -> pb.Envelope:
         env = pb.Envelope()
         try:
@@ -89,6 +138,11 @@ class EnvelopeCodec:
         if self.hmac_key:
             if not env.signature:
                 raise CodecError("bad_signature", "message is unsigned")
+            if data.endswith(_SIG_TAG + env.signature) and len(env.signature) == 32:
+                # signed over the bytes before the appended signature (wrap_encoded)
+                expected = hmac.digest(self.hmac_key, data[: -len(_SIG_TAG) - 32], "sha256")
+                if hmac.compare_digest(env.signature, expected):
+                    return env
             if not hmac.compare_digest(env.signature, self._sign(env)):
                 raise CodecError("bad_signature", "HMAC does not match")
         return env

@@ -119,14 +119,14 @@ class ExperienceExchange:
     def publish(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> str | None:
         """Wrap, sign and append; returns the message id (the receivers' dedup key), or None
         when backpressure dropped the message."""
-        env = self.codec.wrap(payload, producer, weights_version, message_id)
         kind = kind_of(payload)
         stream = stream_name(self.namespace, kind, producer)
         if not self._admit(stream, 1):
             return None
-        self.broker.publish(stream, self.codec.encode(env), self.max_len, self.max_age_ms)
+        mid, data = self.codec.wrap_encoded(payload, producer, weights_version, message_id)
+        self.broker.publish(stream, data, self.max_len, self.max_age_ms)
         self.published[kind] += 1
-        return env.message_id
+        return mid
 
     def publish_many(self, payloads: Iterable[Message], producer: str, weights_version: int = 0) -> list[str | None]:
         """Publish several messages, one broker round trip per stream."""
@@ -134,12 +134,12 @@ class ExperienceExchange:
         ids: list[str | None] = []
         kinds: dict[str, str] = {}
         for i, p in enumerate(payloads):
-            env = self.codec.wrap(p, producer, weights_version)
+            mid, data = self.codec.wrap_encoded(p, producer, weights_version)
             kind = kind_of(p)
             stream = stream_name(self.namespace, kind, producer)
             kinds[stream] = kind
-            by_stream.setdefault(stream, []).append((i, env.message_id, self.codec.encode(env)))
-            ids.append(env.message_id)
+            by_stream.setdefault(stream, []).append((i, mid, data))
+            ids.append(mid)
         for stream, items in by_stream.items():
             if not self._admit(stream, len(items)):
                 for i, _, _ in items:
@@ -215,10 +215,13 @@ class Subscription:
         return self._accept(entries)
 
     def ack(self, received: Iterable[Received]) -> None:
+        by_stream: dict[str, list[str]] = {}
         for r in received:
-            self.ex.broker.ack(r.entry.stream, self.group, [r.entry.entry_id])
+            by_stream.setdefault(r.entry.stream, []).append(r.entry.entry_id)
             self._seen[r.envelope.message_id] = None
             self.counts[r.kind] += 1
+        for stream, ids in by_stream.items():  # one XACK per stream
+            self.ex.broker.ack(stream, self.group, ids)
         while len(self._seen) > self._dedup_window:
             self._seen.popitem(last=False)
 

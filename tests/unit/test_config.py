@@ -104,3 +104,26 @@ def test_cli_load_time_input_errors_exit_2(tmp_path):
         assert p.returncode == 2, p.stderr[-2000:]
         lines = [l for l in p.stderr.splitlines() if l.strip()]
         assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "sets,needle",
+    [
+        (["broker.url=redis://h:6379/0"], "only used with broker.backend: redis"),
+        (["broker.backend=redis", "broker.url=http://h:6379"], "must start with redis://"),
+        (["broker.max_backlog=10", "broker.max_len=5"], "must not exceed broker.max_len"),
+        (["broker.on_backlog=wait"], "on_backlog"),
+        (["sharing.mode=xgrpo", "sharing.xgrpo.variant=mixed"], "variant"),
+        (["sharing.mode=hacpo", "sharing.capability.ratio_min=2"], "ratio_min"),
+        (["algorithm.loss=ppo"], "loss"),
+    ],
+)
+def test_sharing_and_broker_options_are_validated(sets, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(DEMO, sets)
+
+
+def test_loss_specific_clip_defaults():
+    assert load_config(DEMO, ["algorithm.clip_low=null", "algorithm.clip_high=null"]).algorithm.clip_bounds() == (0.2, 0.28)
+    gspo = load_config(DEMO, ["algorithm.loss=gspo", "algorithm.clip_low=null", "algorithm.clip_high=null"])
+    assert gspo.algorithm.clip_bounds() == (3e-4, 4e-4)

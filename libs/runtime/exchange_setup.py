@@ -1,0 +1,82 @@
+"""Open the SEE exchange a run's config asks for (in-process, or Redis — a given URL or a
+local server started for the run and stopped with it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Iterator
+
+from mutualrl.config import ConfigError, ExperimentConfig
+from mutualrl.see import Backpressure, ExperienceExchange, InProcessBroker, RedisBroker, RedisOptions
+from mutualrl.see.broker import Broker
+
+
+def _env(name: str | None, what: str) -> str | None:
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if value is None:
+        raise ConfigError(f"{what}: environment variable {name} is not set")
+    return value
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def run_namespace(cfg: ExperimentConfig) -> str:
+    """``mutualrl:<run name>:<run id>``: a shared Redis may hold several runs (and reruns)."""
+    return f"mutualrl:{cfg.name}:{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+@contextmanager
+def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterator[ExperienceExchange]:
+    b = cfg.broker
+    key = _env(b.hmac_key_env, "broker.hmac_key_env")
+    server = None
+    broker: Broker
+    if b.backend == "inprocess":
+        broker = InProcessBroker()
+    else:
+        url = b.url
+        if url is None:
+            from mutualrl.see.server import RedisServer, ServerNotFound
+
+            try:
+                server = RedisServer().start()
+            except (ServerNotFound, RuntimeError) as e:
+                raise ConfigError(f"broker.backend redis without broker.url: {e}") from e
+            url = server.url
+        opts = RedisOptions(
+            url=url, username=b.username, password=_env(b.password_env, "broker.password_env"), tls=b.tls,
+            tls_ca_certs=b.tls_ca_certs, tls_certfile=b.tls_certfile, tls_keyfile=b.tls_keyfile,
+        )
+        probe = RedisBroker(replace(opts, retries=2, socket_timeout_s=3.0))  # fail fast at start-up, retry patiently later
+        try:
+            probe.ping()
+        except Exception as e:  # noqa: BLE001 - any failure to reach the server is a config problem here
+            if server is not None:
+                server.cleanup()
+            raise ConfigError(f"cannot reach Redis at {_redact(url)}: {e}") from e
+        finally:
+            probe.close()
+        broker = RedisBroker(opts)
+    backpressure = Backpressure(b.max_backlog, b.on_backlog, b.block_timeout_s) if b.max_backlog else None
+    ex = ExperienceExchange(
+        broker, namespace or run_namespace(cfg), hmac_key=key.encode() if key else None, max_len=b.max_len,
+        max_age_ms=int(b.max_age_s * 1000) if b.max_age_s else None, backpressure=backpressure,
+    )
+    try:
+        yield ex
+    finally:
+        broker.close()
+        if server is not None:
+            server.cleanup()
