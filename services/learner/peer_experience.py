@@ -141,6 +141,26 @@ class PeerIntake:
             return None
         return problem
 
+    def _convert(self, source_tok: PreTrainedTokenizerBase, messages: list[Received], with_logprobs: bool) -> list[Converted]:
+        """One batched THL conversion for messages from one source vocabulary."""
+        return convert_batch(
+            source_tok, self.tok, [list(m.payload.token_ids) for m in messages],
+            [list(m.payload.logprobs) for m in messages] if with_logprobs else None,
+            placement=self.placement, source_canonical=[_canonical_claim(m.payload) for m in messages],  # type: ignore[arg-type]
+        )
+
+    def _usable(self, out: IntakeResult, conv: Converted, claimed_text: str) -> bool:
+        """The conversion reproduces the text the peer claimed and is within the THL budget
+        (its residual is recorded); otherwise the rejection is counted by reason."""
+        if conv.text != claimed_text:
+            out.rejected["text_mismatch"] += 1
+            return False
+        reason = self._record(out, conv)
+        if reason:
+            out.rejected[reason] += 1
+            return False
+        return True
+
     def _record(self, out: IntakeResult, conv: Converted) -> str | None:
         reason = self.budget.rejection(conv.residual)
         if reason:
@@ -177,21 +197,13 @@ class PeerIntake:
         for fp, items in by_source.items():
             src_tok = self.tokenizers.get(fp)
             lps = [list(m.payload.logprobs) for m, _ in items]
-            convs = convert_batch(
-                src_tok, self.tok, [list(m.payload.token_ids) for m, _ in items], lps if all(lps) else None,  # type: ignore[arg-type]
-                placement=self.placement, source_canonical=[_canonical_claim(m.payload) for m, _ in items],
-            )
+            convs = self._convert(src_tok, [m for m, _ in items], with_logprobs=all(lps))  # type: ignore[arg-type]
             converted += [(m, p, c) for (m, p), c in zip(items, convs)]
         for m, p in text_only:
             converted.append((m, p, convert(None, self.tok, text=m.payload.completion_text)))
         for m, problem, conv in converted:
             vs = m.payload
-            if conv.text != vs.completion_text:
-                out.rejected["text_mismatch"] += 1
-                continue
-            reason = self._record(out, conv)
-            if reason:
-                out.rejected[reason] += 1
+            if not self._usable(out, conv, vs.completion_text):
                 continue
             if not conv.target_ids:
                 out.rejected["empty"] += 1
@@ -237,18 +249,10 @@ class PeerIntake:
         for fp, items in by_source.items():
             src_tok = self.tokenizers.get(fp)
             assert src_tok is not None
-            convs = convert_batch(
-                src_tok, self.tok, [list(m.payload.token_ids) for m, _, _ in items], [list(m.payload.logprobs) for m, _, _ in items],  # type: ignore[arg-type]
-                placement=self.placement, source_canonical=[_canonical_claim(m.payload) for m, _, _ in items],
-            )
+            convs = self._convert(src_tok, [m for m, _, _ in items], with_logprobs=True)
             for (m, problem, score), conv in zip(items, convs):
                 r = m.payload
-                if conv.text != r.completion_text:
-                    out.rejected["text_mismatch"] += 1
-                    continue
-                reason = self._record(out, conv)
-                if reason:
-                    out.rejected[reason] += 1
+                if not self._usable(out, conv, r.completion_text):
                     continue
                 stopped = r.finish_reason == "stop"
                 ids = list(conv.target_ids)
