@@ -41,7 +41,8 @@ class RolloutEngine(ABC):
         """``spec.n`` samples for each prompt, grouped per prompt in prompt order."""
 
     @abstractmethod
-    def update_weights(self, version: int, uri: str) -> None: ...
+    def update_weights(self, version: int, uri: str, checksum: str | None = None) -> None:
+        """Load ``version`` from ``uri`` (verifying ``checksum`` when given); returns once it is served."""
 
     @abstractmethod
     def health(self) -> Literal["ok", "starting", "down"]: ...
