@@ -56,11 +56,23 @@ class TokenizerConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    backend: Literal["hf"] = Field("hf", description="Rollout engine; `hf` (transformers) is the embedded default.")
+    backend: Literal["hf", "vllm", "sglang"] = Field(
+        "hf", description="Rollout engine: hf (transformers, in-process; the embedded default), or a vllm / sglang server at `url`."
+    )
+    url: Optional[str] = Field(None, description="vllm/sglang: the server's base URL, e.g. http://10.0.0.5:8000 (launch flags in README).")
+    served_model: Optional[str] = Field(None, description="vllm: the model name the server serves (default: model.path).")
     device: str = Field("cpu", description="torch device for generation and training, e.g. cpu or cuda:0.")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (1.0: behaviour log-probs are the raw policy's, §1.1).")
     top_k: int = Field(0, ge=0, description="0 disables top-k.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="1.0 disables nucleus filtering.")
+
+    @model_validator(mode="after")
+    def _url(self) -> "EngineConfig":
+        if self.backend != "hf" and not self.url:
+            raise ValueError(f"engine.backend {self.backend} needs engine.url (the {self.backend} server)")
+        if self.backend == "hf" and self.url:
+            raise ValueError("engine.url is only used with the vllm and sglang backends")
+        return self
 
 
 class OptimConfig(_Strict):

@@ -27,7 +27,10 @@ from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics, s
 from mutualrl.runtime.warm_start import warm_start
 from mutualrl.runtime.exchange_setup import open_exchange
 from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
-from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec, WeightStore
+from mutualrl.services.rollout import RolloutWorker, SamplingSpec, WeightStore
+from mutualrl.services.rollout.engine import RolloutEngine
+from mutualrl.services.rollout.factory import build_engine, probe_engine
+from mutualrl.services.rollout.http_engines import EngineUnavailable
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
 from mutualrl.thl import ThlBudget
 
@@ -41,6 +44,15 @@ def _input_errors(what: str) -> Iterator[None]:
         yield
     except (OSError, ValueError) as e:
         raise ConfigError(f"{what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+@contextmanager
+def _engine_errors(policy: str) -> Iterator[None]:
+    """An engine server that is absent or lacks a capability is a setup problem: one line, exit 2."""
+    try:
+        yield
+    except EngineUnavailable as e:
+        raise ConfigError(f"policy {policy!r}: {e}") from e
 
 
 def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
@@ -61,7 +73,7 @@ class PolicyRuntime:
     artifacts: PolicyArtifacts
     worker: RolloutWorker
     learner: Learner
-    engine: HFEngine
+    engine: RolloutEngine
     warm_accuracy: float
     warm_steps: int
 
@@ -98,9 +110,14 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     eval_set = task.eval[: cfg.eval.size]
     max_new = cfg.budget.max_new_tokens
 
+    for p in cfg.policies:  # pre-flight: an absent engine server fails before any model work
+        if p.engine.backend != "hf":
+            with _engine_errors(p.name):
+                probe_engine(p.engine)
     rep.phase(f"opening the experience exchange ({cfg.broker.backend})")
     exchange = stack.enter_context(open_exchange(cfg))
-    store = WeightStore()
+    # external engines (vllm, sglang) read weights from disk; in-process ones share memory
+    store = WeightStore(out_dir / "weights") if any(p.engine.backend != "hf" for p in cfg.policies) else WeightStore()
     registry = TokenizerRegistry()
     names = [p.name for p in cfg.policies]
 
@@ -134,7 +151,8 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
             ws_steps = ws.steps
         rep.phase(f"[{p.name}] evaluating the starting point")
         ws_acc = greedy_accuracy(arts.model, arts.tokenizer, eval_set, verifier, max_new, chat_template=p.tokenizer.chat_template)
-        engine = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store, device=p.engine.device, name=arts.source)
+        with _engine_errors(p.name):
+            engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source)
         spec = SamplingSpec(n=cfg.budget.group_size, max_new_tokens=max_new, temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p)
         worker = RolloutWorker(p.name, engine, arts.tokenizer, verifier, exchange, fingerprint=arts.fingerprint, sampling=spec, seed=cfg.seed, chat_template=p.tokenizer.chat_template)
         ref = None
@@ -178,7 +196,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
                 step_s=gen_s + rec.pop("train_s", 0.0),
             )
             if step % cfg.eval.every == 0 or step == cfg.budget.steps:
-                acc = greedy_accuracy(rt.engine.model, rt.artifacts.tokenizer, eval_set, verifier, max_new, chat_template=rt.worker.chat_template)
+                acc = greedy_accuracy(rt.learner.model, rt.artifacts.tokenizer, eval_set, verifier, max_new, chat_template=rt.worker.chat_template)
                 rec["eval_accuracy"] = acc
                 last_eval[rt.name] = acc
             writer.write(rec)

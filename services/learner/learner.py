@@ -236,7 +236,7 @@ class Learner:
         if self.peer_sub is not None:
             self.peer_sub.ack(intake.used)
         self.version += 1
-        uri, checksum = self.store.put(self.policy, self.version, self.model.state_dict())
+        uri, checksum = self.store.put(self.policy, self.version, self.model.state_dict(), model_config=self.model.config if self.store.root else None)
         self.ex.publish(pb.WeightsPublished(policy=self.policy, version=self.version, uri=uri, step=step, checksum=checksum), self.policy, self.version)
 
         for k, v in intake.rejected.items():

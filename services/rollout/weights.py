@@ -27,6 +27,15 @@ def _checksum(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def verify_checksum(uri: str, checksum: str) -> None:
+    """Raise ValueError unless the checkpoint directory at ``uri`` has this checksum."""
+    path = Path(uri) / "model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights at {uri}")
+    if _checksum(load_file(str(path))) != checksum:
+        raise ValueError(f"checksum mismatch for {uri}")
+
+
 class WeightStore:
     def __init__(self, root: str | Path | None = None, keep: int = 2):
         self.root = Path(root) if root else None
@@ -34,8 +43,10 @@ class WeightStore:
         self._mem: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
-    def put(self, policy: str, version: int, state: dict[str, torch.Tensor]) -> tuple[str, str]:
-        """Store a version; returns ``(uri, checksum)``."""
+    def put(self, policy: str, version: int, state: dict[str, torch.Tensor], model_config=None) -> tuple[str, str]:
+        """Store a version; returns ``(uri, checksum)``. With ``model_config`` (a transformers
+        config) the directory is a complete Hugging Face checkpoint, which is what vLLM's
+        ``reload_weights`` and SGLang's ``update_weights_from_disk`` read."""
         cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
         checksum = _checksum(cpu)
         if self.root is None:
@@ -47,7 +58,9 @@ class WeightStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         # `cpu` holds independent copies, so tied weights no longer share memory (safetensors refuses that)
-        save_file(cpu, str(tmp / "model.safetensors"), metadata={"checksum": checksum})
+        save_file(cpu, str(tmp / "model.safetensors"), metadata={"checksum": checksum, "format": "pt"})
+        if model_config is not None:
+            model_config.save_pretrained(tmp)
         if final.exists():  # the same version written twice (a retried step): the first write stands
             shutil.rmtree(tmp)
         else:
