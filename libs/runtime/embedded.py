@@ -7,43 +7,28 @@ them into processes swaps transports, not logic.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from contextlib import ExitStack, contextmanager
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
 from mutualrl.config import ConfigError, ExperimentConfig, dump_config
-from mutualrl.models.families import ModelShape
-from mutualrl.models.policy import PolicyArtifacts, default_cache_dir, load_policy
+from mutualrl.models.policy import PolicyArtifacts, default_cache_dir
 from mutualrl.runtime.distributor import PromptDistributor
-from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics, save_checkpoint
-from mutualrl.runtime.warm_start import warm_start
+from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.exchange_setup import open_exchange
-from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
-from mutualrl.services.rollout import RolloutWorker, SamplingSpec, WeightStore
+from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, make_learner, make_worker, prepare_policy
+from mutualrl.services.learner import Learner, TokenizerRegistry
+from mutualrl.services.rollout import RolloutWorker, WeightStore
 from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.factory import build_engine, probe_engine
 from mutualrl.services.rollout.http_engines import EngineUnavailable
-from mutualrl.tasks import Task, Verifier, build_task, build_verifier
-from mutualrl.thl import ThlBudget
-
-
-@contextmanager
-def _input_errors(what: str) -> Iterator[None]:
-    """Failures while *loading* user-named inputs (files that are missing or malformed, paths
-    that are not models) are input problems: re-raise them as ConfigError, which the CLI
-    prints as one line. Errors anywhere else keep their type and traceback."""
-    try:
-        yield
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
 @contextmanager
@@ -53,18 +38,6 @@ def _engine_errors(policy: str) -> Iterator[None]:
         yield
     except EngineUnavailable as e:
         raise ConfigError(f"policy {policy!r}: {e}") from e
-
-
-def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
-    t = cfg.task
-    common = {"seed": cfg.seed, "eval_size": t.eval_size}
-    if t.name == "arithmetic":
-        task = build_task("arithmetic", train_size=t.train_size, min_digits=t.min_digits, max_digits=t.max_digits, operators=t.operators, **common)
-    elif t.name == "countdown":
-        task = build_task("countdown", train_size=t.train_size, num_numbers=t.num_numbers, max_number=t.max_number, **common)
-    else:
-        task = build_task("jsonl", path=t.path, train_size=t.train_size, **common)
-    return task, build_verifier(t.verifier, task)
 
 
 @dataclass
@@ -105,8 +78,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     cache = cache_dir or default_cache_dir()
 
     rep.phase(f"building task {cfg.task.name}")
-    with _input_errors(f"task {cfg.task.name}"):
-        task, verifier = build_task_from_config(cfg)
+    task, verifier = build_task_from_config(cfg)
     eval_set = task.eval[: cfg.eval.size]
     max_new = cfg.budget.max_new_tokens
 
@@ -119,51 +91,20 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     # external engines (vllm, sglang) read weights from disk; in-process ones share memory
     store = WeightStore(out_dir / "weights") if any(p.engine.backend != "hf" for p in cfg.policies) else WeightStore()
     registry = TokenizerRegistry()
-    names = [p.name for p in cfg.policies]
 
     runtimes: list[PolicyRuntime] = []
-    for i, p in enumerate(cfg.policies):
-        rep.phase(f"[{p.name}] loading model")
-        with _input_errors(f"policy {p.name!r}"):
-            arts = load_policy(
-                path=p.model.path,
-                family=p.model.family,
-                shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size, p.model.max_positions),
-                tokenizer_path=p.tokenizer.path,
-                tokenizer_kind=p.tokenizer.kind,
-                vocab_size=p.tokenizer.vocab_size,
-                corpus=task.corpus,
-                corpus_fingerprint=task.fingerprint(),
-                seed=cfg.seed + i,
-                cache_dir=cache,
-            )
-        arts.model.to(p.engine.device)
-        registry.register(arts.fingerprint, arts.tokenizer)
-        ws_acc, ws_steps = float("nan"), 0
-        if p.warm_start.enabled:
-            rep.phase(f"[{p.name}] warm start (target {p.warm_start.target_accuracy:.0%})")
-            ws = warm_start(
-                arts.model, arts.tokenizer, task.train, task.eval, verifier, p.warm_start,
-                source=arts.source, task_fingerprint=task.fingerprint(), seed=cfg.seed + i,
-                max_new_tokens=max_new, cache_dir=cache, chat_template=p.tokenizer.chat_template,
-                on_progress=lambda s, a, n=p.name: rep.phase(f"[{n}] warm start step {s}: held-out {a:.1%}"),
-            )
-            ws_steps = ws.steps
+    prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase) for i in range(len(cfg.policies))]
+    for pp in prepared:
+        registry.register(pp.arts.fingerprint, pp.arts.tokenizer)
+    for pp in prepared:
+        p, arts = pp.config, pp.arts
         rep.phase(f"[{p.name}] evaluating the starting point")
-        ws_acc = greedy_accuracy(arts.model, arts.tokenizer, eval_set, verifier, max_new, chat_template=p.tokenizer.chat_template)
+        ws_acc = evaluate(pp, arts.model, task, verifier, cfg)
         with _engine_errors(p.name):
             engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source)
-        spec = SamplingSpec(n=cfg.budget.group_size, max_new_tokens=max_new, temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p)
-        worker = RolloutWorker(p.name, engine, arts.tokenizer, verifier, exchange, fingerprint=arts.fingerprint, sampling=spec, seed=cfg.seed, chat_template=p.tokenizer.chat_template)
-        ref = None
-        if cfg.algorithm.kl_coef > 0:
-            ref = copy.deepcopy(arts.model).eval()
-            for q in ref.parameters():
-                q.requires_grad_(False)
-        intake = PeerIntake(arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip), cfg.sharing.max_version_lag, p.tokenizer.chat_template, cfg.thl.placement)
-        settings = LearnerSettings(group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=p.optim, max_new_tokens=max_new, device=p.engine.device, peer_deadline_s=5.0)
-        learner = Learner(p.name, arts.model, arts.tokenizer, exchange, intake, store, settings, peers=[n for n in names if n != p.name], ref_model=ref)
-        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, engine, ws_acc, ws_steps))
+        worker = make_worker(cfg, pp, engine, exchange, verifier)
+        learner = make_learner(cfg, pp, exchange, store, registry, verifier)
+        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, engine, ws_acc, pp.warm_steps))
 
     weights_sub = {rt.name: exchange.subscribe(f"{rt.name}-rollout", ["weights_published"], [rt.name]) for rt in runtimes}
     distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)

@@ -1,0 +1,113 @@
+"""Building one policy's parts from the config — shared by the embedded run and the services,
+so a policy is the same object whichever launcher runs it."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from mutualrl.config import ConfigError, ExperimentConfig
+from mutualrl.config.schema import PolicyConfig
+from mutualrl.models.families import ModelShape
+from mutualrl.models.policy import PolicyArtifacts, load_policy
+from mutualrl.runtime.evaluation import greedy_accuracy
+from mutualrl.runtime.warm_start import warm_start
+from mutualrl.see import ExperienceExchange
+from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
+from mutualrl.services.rollout import RolloutWorker, SamplingSpec, WeightStore
+from mutualrl.services.rollout.engine import RolloutEngine
+from mutualrl.tasks import Task, Verifier, build_task, build_verifier
+from mutualrl.thl import ThlBudget
+
+
+@contextmanager
+def input_errors(what: str) -> Iterator[None]:
+    """Failures while *loading* user-named inputs (files that are missing or malformed, paths
+    that are not models) are input problems: re-raise them as ConfigError, which the CLI
+    prints as one line. Errors anywhere else keep their type and traceback."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
+    t = cfg.task
+    common = {"seed": cfg.seed, "eval_size": t.eval_size}
+    with input_errors(f"task {t.name}"):
+        if t.name == "arithmetic":
+            task = build_task("arithmetic", train_size=t.train_size, min_digits=t.min_digits, max_digits=t.max_digits, operators=t.operators, **common)
+        elif t.name == "countdown":
+            task = build_task("countdown", train_size=t.train_size, num_numbers=t.num_numbers, max_number=t.max_number, **common)
+        else:
+            task = build_task("jsonl", path=t.path, train_size=t.train_size, **common)
+        return task, build_verifier(t.verifier, task)
+
+
+@dataclass
+class PreparedPolicy:
+    config: PolicyConfig
+    index: int
+    arts: PolicyArtifacts
+    warm_steps: int
+
+
+def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Verifier, cache: Path, phase: Callable[[str], None] = lambda s: None) -> PreparedPolicy:
+    """Load (or build) the policy and warm-start it; both are cached by content hash, so a
+    second process preparing the same policy loads instead of recomputing."""
+    p = cfg.policies[index]
+    phase(f"[{p.name}] loading model")
+    with input_errors(f"policy {p.name!r}"):
+        arts = load_policy(
+            path=p.model.path, family=p.model.family,
+            shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size, p.model.max_positions),
+            tokenizer_path=p.tokenizer.path, tokenizer_kind=p.tokenizer.kind, vocab_size=p.tokenizer.vocab_size,
+            corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=cfg.seed + index, cache_dir=cache,
+        )
+    arts.model.to(p.engine.device)
+    steps = 0
+    if p.warm_start.enabled:
+        phase(f"[{p.name}] warm start (target {p.warm_start.target_accuracy:.0%})")
+        ws = warm_start(
+            arts.model, arts.tokenizer, task.train, task.eval, verifier, p.warm_start,
+            source=arts.source, task_fingerprint=task.fingerprint(), seed=cfg.seed + index,
+            max_new_tokens=cfg.budget.max_new_tokens, cache_dir=cache, chat_template=p.tokenizer.chat_template,
+            on_progress=lambda s, a, n=p.name: phase(f"[{n}] warm start step {s}: held-out {a:.1%}"),
+        )
+        steps = ws.steps
+    return PreparedPolicy(p, index, arts, steps)
+
+
+def evaluate(pp: PreparedPolicy, model, task: Task, verifier: Verifier, cfg: ExperimentConfig) -> float:
+    return greedy_accuracy(model, pp.arts.tokenizer, task.eval[: cfg.eval.size], verifier, cfg.budget.max_new_tokens, chat_template=pp.config.tokenizer.chat_template)
+
+
+def make_worker(cfg: ExperimentConfig, pp: PreparedPolicy, engine: RolloutEngine, exchange: ExperienceExchange, verifier: Verifier) -> RolloutWorker:
+    p = pp.config
+    spec = SamplingSpec(n=cfg.budget.group_size, max_new_tokens=cfg.budget.max_new_tokens, temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p)
+    return RolloutWorker(p.name, engine, pp.arts.tokenizer, verifier, exchange, fingerprint=pp.arts.fingerprint, sampling=spec, seed=cfg.seed, chat_template=p.tokenizer.chat_template)
+
+
+def make_learner(
+    cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightStore, registry: TokenizerRegistry,
+    verifier: Verifier, peer_deadline_s: float = 5.0,
+) -> Learner:
+    p = pp.config
+    ref = None
+    if cfg.algorithm.kl_coef > 0:
+        ref = copy.deepcopy(pp.arts.model).eval()
+        for q in ref.parameters():
+            q.requires_grad_(False)
+    intake = PeerIntake(
+        pp.arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip),
+        cfg.sharing.max_version_lag, p.tokenizer.chat_template, cfg.thl.placement,
+    )
+    settings = LearnerSettings(
+        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=p.optim,
+        max_new_tokens=cfg.budget.max_new_tokens, device=p.engine.device, peer_deadline_s=peer_deadline_s,
+    )
+    peers = [q.name for q in cfg.policies if q.name != p.name]
+    return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers, ref_model=ref)
