@@ -269,7 +269,13 @@ class BrokerConfig(_Strict):
 
 
 class LauncherConfig(_Strict):
-    kind: Literal["embedded"] = Field("embedded", description="embedded: every worker in one process.")
+    """How `mutualrl up` runs the services (`mutualrl run` ignores all but `kind`)."""
+
+    kind: Literal["embedded"] = Field("embedded", description="`mutualrl run`: every worker in one process.")
+    rollout_deadline_s: float = Field(60.0, gt=0, description="A learner waits this long for its own step's rollouts, then trains on what arrived (or skips).")
+    peer_deadline_s: float = Field(10.0, ge=0, description="A learner waits this long for peers to finish the step, then trains without them (never deadlocks).")
+    max_restarts: int = Field(3, ge=0, description="Restarts per service after a crash before `up` gives up.")
+    host: str = Field("127.0.0.1", description="Interface the services bind (loopback by default).")
 
 
 class ExperimentConfig(_Strict):

@@ -68,6 +68,93 @@ def run(
         out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, rescues {p['rescue_count']}")
 
 
+@app.command()
+def up(
+    config: Path = typer.Argument(..., help="Experiment YAML file."),
+    set_: List[str] = typer.Option([], "--set", help="Override a field: key.path=value (repeatable)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: <output_dir>/<name>)."),
+) -> None:
+    """Run an experiment as services: Redis (unless broker.url is set) and, per policy, a rollout
+    service and a learner service, each its own supervised process on loopback ports."""
+    try:
+        cfg = load_config(config, set_)
+    except ConfigError as e:
+        raise _fail(str(e))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from mutualrl.runtime.launcher import run_services
+
+    target = out_dir or Path(cfg.output_dir) / cfg.name
+    try:
+        rc, summary = run_services(cfg, target, echo=lambda line: print(line, flush=True))
+    except ConfigError as e:
+        raise _fail(str(e))
+    if rc != 0 or summary is None:
+        err.print("stopped before the budget was done" if rc == 130 else "a service kept failing; see the logs in " + str(target / "logs"))
+        raise typer.Exit(rc)
+    out.print(f"[bold]done[/] → {target}")
+    for name, p in summary["policies"].items():
+        out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, rescues {p['rescue_count']}")
+
+
+@app.command()
+def status(out_dir: Path = typer.Argument(..., help="The output directory of a `mutualrl up` run.")) -> None:
+    """Health, weights version, step and lag of every service of a running `mutualrl up`."""
+    import urllib.error
+    import urllib.request
+
+    from rich.table import Table
+
+    path = out_dir / "services.json"
+    if not path.is_file():
+        raise _fail(f"{path} not found: is `mutualrl up --out {out_dir}` running?")
+    info = json.loads(path.read_text())
+    table = Table(title=f"{out_dir} ({info['namespace']})")
+    for col in ("service", "health", "step", "weights", "lag", "ops"):
+        table.add_column(col)
+    for name, svc in info["services"].items():
+        try:
+            with urllib.request.urlopen(svc["ops"] + "/healthz", timeout=3) as r:
+                h = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            h = json.loads(e.read() or b"{}") or {"status": f"HTTP {e.code}"}
+        except OSError:
+            h = {"status": "down"}
+        table.add_row(name, str(h.get("status")), str(h.get("step", "-")), str(h.get("weights_version", "-")), str(h.get("lag", "-")), svc["ops"])
+    out.print(table)
+
+
+serve_app = typer.Typer(no_args_is_help=True, help="Run one service (started by `mutualrl up`).")
+app.add_typer(serve_app, name="serve")
+
+
+def _service_args(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port=0):
+    from mutualrl.runtime.service_common import ServiceArgs
+
+    return ServiceArgs(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port)
+
+
+@serve_app.command("rollout")
+def serve_rollout(
+    config: Path = typer.Option(...), policy: str = typer.Option(...), namespace: str = typer.Option(...), redis: str = typer.Option(...),
+    weights: Path = typer.Option(...), out_dir: Path = typer.Option(..., "--out"), ops_port: int = typer.Option(0), grpc_port: int = typer.Option(0),
+) -> None:
+    """A policy's rollout service: gRPC RolloutService + the worker loop."""
+    from mutualrl.services.rollout.service import run_rollout_service
+
+    raise typer.Exit(run_rollout_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port)))
+
+
+@serve_app.command("learner")
+def serve_learner(
+    config: Path = typer.Option(...), policy: str = typer.Option(...), namespace: str = typer.Option(...), redis: str = typer.Option(...),
+    weights: Path = typer.Option(...), out_dir: Path = typer.Option(..., "--out"), ops_port: int = typer.Option(0),
+) -> None:
+    """A policy's learner service."""
+    from mutualrl.services.learner.service import run_learner_service
+
+    raise typer.Exit(run_learner_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port)))
+
+
 thl_app = typer.Typer(no_args_is_help=True, help="Tokenizer Heterogeneity Layer tools.")
 app.add_typer(thl_app, name="thl")
 

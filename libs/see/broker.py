@@ -57,6 +57,11 @@ class Broker(ABC):
     def streams(self, prefix: str = "") -> list[str]: ...
 
     @abstractmethod
+    def last(self, stream: str) -> Entry | None:
+        """The newest entry of ``stream`` (no consumer group involved), or None: how services read
+        control-plane state (the latest heartbeat or weights version) after a restart."""
+
+    @abstractmethod
     def groups(self, stream: str) -> list[dict]:
         """Per consumer group of ``stream``: ``name``, ``pending`` and ``lag`` (entries not yet delivered)."""
 

@@ -149,6 +149,16 @@ class ExperienceExchange:
             self.published[kinds[stream]] += len(items)
         return ids
 
+    def last(self, kind: str, producer: str) -> Received | None:
+        """The newest message of a stream, decoded and verified (None when empty or invalid)."""
+        e = self.broker.last(stream_name(self.namespace, kind, producer))
+        if e is None:
+            return None
+        try:
+            return Received(self.codec.decode(e.data), e)
+        except CodecError:
+            return None
+
     def subscribe(self, receiver: str, kinds: list[str], producers: list[str], consumer: str | None = None) -> "Subscription":
         for k in kinds:
             if k not in PAYLOAD_KINDS:

@@ -140,6 +140,14 @@ class InProcessBroker(Broker):
             s = self._streams.get(stream)
             return len(s.entries) if s else 0
 
+    def last(self, stream: str) -> Entry | None:
+        with self._cond:
+            s = self._streams.get(stream)
+            if not s or not s.entries:
+                return None
+            entry_id = next(reversed(s.entries))
+            return Entry(stream, entry_id, s.entries[entry_id], 0)
+
     def groups(self, stream: str) -> list[dict]:
         with self._cond:
             s = self._streams.get(stream)

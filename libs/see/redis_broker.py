@@ -154,6 +154,13 @@ class RedisBroker(Broker):
     def streams(self, prefix: str = "") -> list[str]:
         return sorted(_id(k) for k in self.r.scan_iter(match=f"{prefix}*", _type="STREAM", count=1000))
 
+    def last(self, stream: str) -> Entry | None:
+        res = self.r.xrevrange(stream, count=1)
+        if not res:
+            return None
+        entry_id, fields = res[0]
+        return Entry(stream, _id(entry_id), fields.get(FIELD, b""), 0)
+
     def groups(self, stream: str) -> list[dict]:
         """Per group: name, pending, lag (entries not yet delivered; None when the server cannot tell)."""
         try:

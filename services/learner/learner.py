@@ -79,6 +79,8 @@ class Learner:
         self.objective = StepObjective(policy, settings.algorithm, sh, settings.max_new_tokens, self.tracker)
         self._buffer: list[Received] = []  # own rollouts for future steps
         self._peer_buffer: list[Received] = []
+        self._to_ack: list[tuple[object, list[Received]]] = []  # (subscription, messages) awaiting commit()
+        self.last_used: dict[str, list[str]] = {}  # message ids the last step trained on, by kind (the service's ledger)
         self.totals: Counter[str] = Counter()
 
     # ---- gathering -------------------------------------------------------
@@ -96,7 +98,53 @@ class Learner:
         if stale:
             self.own.ack(stale)  # rollouts of a step already trained: consumed, not used
             self.totals["own_stale"] += len(stale)
-        return have
+        # a restarted rollout server may publish a step's sample again (new message ids):
+        # one rollout per (prompt, sample index) counts; the copies are acknowledged unused
+        seen: set[tuple[str, int]] = set()
+        unique, copies = [], []
+        for r in have:
+            key = (r.payload.prompt_id, r.payload.sample_index)
+            (copies if key in seen else unique).append(r)
+            seen.add(key)
+        if copies:
+            self.own.ack(copies)
+            self.totals["own_duplicate"] += len(copies)
+        return unique
+
+    def adopt_pending(self, min_idle_ms: int = 0) -> int:
+        """After a restart: take back the entries this learner received but never acknowledged
+        (they were not committed by a checkpoint), so no experience is lost."""
+        got = self.own.reclaim(min_idle_ms)
+        self._buffer += got
+        n = len(got)
+        if self.peer_sub is not None:
+            peer = self.peer_sub.reclaim(min_idle_ms)
+            self._peer_buffer += peer
+            n += len(peer)
+        return n
+
+    def commit(self) -> None:
+        """Acknowledge what the last step used (call after its checkpoint is durable)."""
+        for sub, msgs in self._to_ack:
+            sub.ack(msgs)  # type: ignore[attr-defined]
+        self._to_ack = []
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "version": self.version,
+            "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+            "totals": dict(self.totals),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        if self.tracker is not None and state.get("tracker"):
+            self.tracker.load_state_dict(state["tracker"])
+        self.totals = Counter(state.get("totals", {}))
 
     def _collect_peer(self, step: int) -> list[Received]:
         if self.peer_sub is None:
@@ -135,7 +183,9 @@ class Learner:
                 reward=r.reward, prompt_id=r.prompt_id, source=r.source_policy, kind=PEER, source_mean_logp=r.source_mean_logprob,
             )
 
-    def train_step(self, step: int, problems: list[Problem]) -> dict:
+    def train_step(self, step: int, problems: list[Problem], commit: bool = True) -> dict:
+        """One step. With ``commit=False`` the messages it used stay unacknowledged until
+        :meth:`commit` (a service commits after checkpointing, for lossless resume)."""
         t0 = time.monotonic()
         expected = len(problems) * self.s.group_size
         own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s)
@@ -232,9 +282,10 @@ class Learner:
             per_mb.append(mb_metrics)
 
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)
-        self.own.ack(own)
-        if self.peer_sub is not None:
-            self.peer_sub.ack(intake.used)
+        self._to_ack = [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
+        self.last_used = {"own": [r.envelope.message_id for r in own], "peer": [r.envelope.message_id for r in intake.used]}
+        if commit:
+            self.commit()
         self.version += 1
         uri, checksum = self.store.put(self.policy, self.version, self.model.state_dict(), model_config=self.model.config if self.store.root else None)
         self.ex.publish(pb.WeightsPublished(policy=self.policy, version=self.version, uri=uri, step=step, checksum=checksum), self.policy, self.version)

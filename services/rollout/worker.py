@@ -21,6 +21,7 @@ class StepRollouts:
     rewards: dict[str, list[float]] = field(default_factory=dict)  # prompt_id -> G rewards
     published: int = 0
     successes_published: int = 0
+    message_ids: list[str] = field(default_factory=list)  # the Rollout messages published (a service's ledger)
 
     @property
     def reward_mean(self) -> float:
@@ -83,7 +84,7 @@ class RolloutWorker:
             result.rewards[problem.prompt_id] = rewards
             seen_success: set[str] = set()
             for i, (s, text, r, canon) in enumerate(zip(group, texts, rewards, canonical)):
-                self.ex.publish(
+                mid = self.ex.publish(
                     pb.Rollout(
                         prompt_id=problem.prompt_id,
                         prompt_text=problem.prompt,
@@ -104,6 +105,8 @@ class RolloutWorker:
                     version,
                 )
                 result.published += 1
+                if mid:
+                    result.message_ids.append(mid)
                 if r > 0 and text not in seen_success:
                     seen_success.add(text)
                     self.ex.publish(

@@ -194,3 +194,11 @@ def test_groups_report_lag_and_pending(_ex):
     assert g["name"] == "b" and g["pending"] == 1 and g["lag"] == 3
     sub.ack(got)
     assert ex.broker.backlog(stream) == 3
+
+
+def test_last_returns_the_newest_message(_ex):
+    ex = _ex()
+    assert ex.last("heartbeat", "a.learner") is None
+    for step in (1, 2, 3):
+        ex.publish(pb.Heartbeat(role="learner", step=step), "a.learner")
+    assert ex.last("heartbeat", "a.learner").payload.step == 3

@@ -1,0 +1,220 @@
+"""`mutualrl up`: every service as its own process on loopback, supervised.
+
+Prepares the policies once (tokenizers and warm starts land in the artifact cache, so the
+services load instead of recomputing), starts Redis unless the config names one, starts a
+rollout service and a learner service per policy, restarts any that crash (up to
+``launcher.max_restarts``), prefixes their logs on the console (and keeps them in
+``<out>/logs``), and when every learner has spent its budget stops the rest and writes the
+same outputs as `mutualrl run`. Ctrl-C / SIGTERM stops everything cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from mutualrl.config import ExperimentConfig, dump_config
+from mutualrl.models.policy import default_cache_dir
+from mutualrl.runtime.exchange_setup import run_namespace
+from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics
+from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.see.server import RedisServer, free_port
+
+
+@dataclass
+class Service:
+    name: str  # "<policy>.rollout" | "<policy>.learner"
+    role: str
+    policy: str
+    argv: list[str]
+    ops_port: int
+    grpc_port: int = 0
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    done: bool = False
+    log_path: Path | None = None
+    history: list[int] = field(default_factory=list)  # exit codes
+
+
+class Supervisor:
+    def __init__(self, cfg: ExperimentConfig, out_dir: Path, echo: Callable[[str], None] = print):
+        self.cfg = cfg
+        self.out = out_dir
+        self.echo = echo
+        self.services: list[Service] = []
+        self.redis: RedisServer | None = None
+        self._stopping = threading.Event()
+
+    # ---- setup -----------------------------------------------------------
+    def prepare(self) -> dict[str, tuple[float, int, str, int]]:
+        """Warm starts and starting accuracies (the services then load them from the cache)."""
+        cfg = self.cfg
+        task, verifier = build_task_from_config(cfg)
+        cache = default_cache_dir()
+        out = {}
+        for i, p in enumerate(cfg.policies):
+            pp = prepare_policy(cfg, i, task, verifier, cache, lambda s: self.echo(f"[up] {s}"))
+            out[p.name] = (evaluate(pp, pp.arts.model, task, verifier, cfg), pp.warm_steps, pp.arts.source, pp.arts.num_params)
+        return out
+
+    def start(self) -> None:
+        cfg, out = self.cfg, self.out
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        (out / "services").mkdir(parents=True, exist_ok=True)
+        url = cfg.broker.url
+        if url is None:
+            self.redis = RedisServer(persistent=True).start()  # AOF: a broker restart keeps every stream
+            url = self.redis.url
+            self.echo(f"[up] redis {self.redis.binary} on {url}")
+        namespace = run_namespace(cfg)
+        common = ["--config", str(out / "config.yaml"), "--namespace", namespace, "--redis", url, "--weights", str(out / "weights"), "--out", str(out)]
+        for p in cfg.policies:
+            for role in ("rollout", "learner"):
+                ops, grpc_port = free_port(), (free_port() if role == "rollout" else 0)
+                argv = [sys.executable, "-m", "mutualrl.cli", "serve", role, "--policy", p.name, "--ops-port", str(ops), *common]
+                if role == "rollout":
+                    argv += ["--grpc-port", str(grpc_port)]
+                self.services.append(Service(f"{p.name}.{role}", role, p.name, argv, ops, grpc_port, log_path=out / "logs" / f"{p.name}.{role}.log"))
+        (out / "services.json").write_text(json.dumps({
+            "namespace": namespace, "redis": url.split("@")[-1], "pid": os.getpid(),
+            "services": {s.name: {"role": s.role, "policy": s.policy, "ops": f"http://{cfg.launcher.host}:{s.ops_port}", "grpc": f"{cfg.launcher.host}:{s.grpc_port}" if s.grpc_port else None} for s in self.services},
+        }, indent=2))
+        for s in self.services:
+            self._spawn(s)
+
+    def _spawn(self, s: Service) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        s.proc = subprocess.Popen(s.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
+        threading.Thread(target=self._pump, args=(s, s.proc), daemon=True).start()
+
+    def _pump(self, s: Service, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None and s.log_path is not None
+        with s.log_path.open("a") as f:
+            for line in proc.stdout:
+                f.write(line)
+                f.flush()
+                self.echo(f"[{s.name}] {line.rstrip()}")
+
+    # ---- supervision -----------------------------------------------------
+    def supervise(self, poll_s: float = 0.2) -> int:
+        """Until every learner finished its budget. Returns 0, or 1 when a service kept crashing."""
+        while not self._stopping.is_set():
+            for s in self.services:
+                if s.done or s.proc is None:
+                    continue
+                rc = s.proc.poll()
+                if rc is None:
+                    continue
+                s.history.append(rc)
+                finished = (self.out / "services" / f"{s.policy}.learner.done").is_file()
+                if s.role == "learner" and rc == 0 and finished:
+                    s.done = True
+                    self.echo(f"[up] {s.name} finished its budget")
+                    continue
+                if s.restarts >= self.cfg.launcher.max_restarts:
+                    self.echo(f"[up] {s.name} exited with {rc} {s.restarts + 1} times; giving up")
+                    return 1
+                s.restarts += 1
+                self.echo(f"[up] {s.name} exited with {rc}; restarting ({s.restarts}/{self.cfg.launcher.max_restarts})")
+                self._spawn(s)
+            if all(s.done for s in self.services if s.role == "learner"):
+                return 0
+            time.sleep(poll_s)
+        return 130
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for s in self.services:
+            if s.proc is not None and s.proc.poll() is None:
+                s.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for s in self.services:
+            if s.proc is None:
+                continue
+            try:
+                s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                s.proc.kill()
+                s.proc.wait()
+        if self.redis is not None:
+            self.redis.cleanup()
+            self.redis = None
+
+
+def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[float, int, str, int]], restarts: dict[str, int]) -> dict:
+    """The same files as `mutualrl run`: metrics.jsonl (one record per policy and step: the last
+    write of a step wins, a step retrained after a crash included), curves.png, summary.json."""
+    writer = MetricsWriter(out / "metrics.jsonl")
+    for name, (acc, *_rest) in starts.items():
+        writer.write({"step": 0, "policy": name, "rollouts": 0, "eval_accuracy": acc, "phase": "warm_start"})
+    per_policy: dict[str, dict[int, dict]] = {}
+    for p in cfg.policies:
+        path = out / "services" / f"{p.name}.metrics.jsonl"
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            rec = json.loads(line)
+            per_policy.setdefault(p.name, {})[int(rec["step"])] = rec
+    rollouts: dict[str, int] = {}
+    final: dict[str, float] = {n: v[0] for n, v in starts.items()}
+    for step in range(1, cfg.budget.steps + 1):
+        for p in cfg.policies:
+            rec = per_policy.get(p.name, {}).get(step)
+            if rec is None:
+                continue
+            rollouts[p.name] = rollouts.get(p.name, 0) + (0 if rec.get("skipped") else cfg.budget.prompts_per_step * cfg.budget.group_size)
+            rec["rollouts"] = rollouts[p.name]
+            if "eval_accuracy" in rec:
+                final[p.name] = rec["eval_accuracy"]
+            writer.write(rec)
+    writer.close()
+    records = read_metrics(out / "metrics.jsonl")
+    plot_curves(records, out / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.mode} (services)")
+    summary = {
+        "name": cfg.name, "sharing_mode": cfg.sharing.mode, "steps": cfg.budget.steps, "launcher": "services",
+        "policies": {
+            name: {
+                "source": src, "params": params, "warm_start_steps": ws_steps, "warm_start_accuracy": acc,
+                "final_accuracy": final[name], "rollouts": rollouts.get(name, 0),
+                "rescue_count": sum(r.get("rescue_count") or 0 for r in per_policy.get(name, {}).values()),
+                "restarts": {k: v for k, v in restarts.items() if k.startswith(name + ".")},
+            }
+            for name, (acc, ws_steps, src, params) in starts.items()
+        },
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] = print) -> tuple[int, dict | None]:
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / "config.yaml")
+    sup = Supervisor(cfg, out, echo)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupted = threading.Event()
+
+    def on_signal(signum, frame):
+        interrupted.set()
+        sup._stopping.set()
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+    try:
+        starts = sup.prepare()
+        sup.start()
+        rc = sup.supervise()
+    finally:
+        sup.stop()
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    if interrupted.is_set():
+        return 130, None
+    if rc != 0:
+        return rc, None
+    return 0, merge_outputs(cfg, out, starts, {s.name: s.restarts for s in sup.services})

@@ -1,0 +1,95 @@
+"""What every service process shares: its slice of the run (task, policies, exchange), a
+stop flag wired to SIGTERM/SIGINT, structured logs, and the ops endpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mutualrl.config import ExperimentConfig, load_config
+from mutualrl.models.policy import default_cache_dir
+from mutualrl.runtime.policy_setup import build_task_from_config
+from mutualrl.see import ExperienceExchange, RedisBroker, RedisOptions
+
+
+@dataclass
+class ServiceArgs:
+    config: Path
+    policy: str
+    namespace: str
+    redis_url: str
+    weights_dir: Path
+    out_dir: Path
+    ops_port: int = 0
+    grpc_port: int = 0
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, service, message and any ``extra`` fields."""
+
+    def __init__(self, service: str):
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "service": self.service, "msg": record.getMessage()}
+        out.update(getattr(record, "fields", {}))
+        return json.dumps(out)
+
+
+def service_logger(service: str) -> logging.Logger:
+    log = logging.getLogger(f"mutualrl.{service}")
+    log.setLevel(logging.INFO)
+    if not log.handlers:
+        h = logging.StreamHandler(sys.stdout)
+        h.setFormatter(JsonFormatter(service))
+        log.addHandler(h)
+    log.propagate = False
+    return log
+
+
+def stop_flag() -> threading.Event:
+    """Set on SIGTERM/SIGINT: loops finish the step they are in, then shut down cleanly."""
+    ev = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ev.set())
+    return ev
+
+
+class ServiceContext:
+    def __init__(self, args: ServiceArgs):
+        self.args = args
+        self.cfg: ExperimentConfig = load_config(args.config)
+        self.index = [p.name for p in self.cfg.policies].index(args.policy)
+        self.policy_cfg = self.cfg.policies[self.index]
+        self.task, self.verifier = build_task_from_config(self.cfg)
+        self.cache = default_cache_dir()
+        b = self.cfg.broker
+        key = os.environ.get(b.hmac_key_env, "").encode() if b.hmac_key_env else None
+        password = os.environ.get(b.password_env) if b.password_env else None
+        opts = RedisOptions(url=args.redis_url, username=b.username, password=password, tls=b.tls, tls_ca_certs=b.tls_ca_certs, tls_certfile=b.tls_certfile, tls_keyfile=b.tls_keyfile)
+        self.exchange = ExperienceExchange(RedisBroker(opts), args.namespace, hmac_key=key or None, max_len=b.max_len)
+        self.state_dir = args.out_dir / "services"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+
+    def last_step(self, role: str, policy: str | None = None) -> int:
+        """The newest step a service announced (its heartbeat), 0 before the first."""
+        hb = self.exchange.last("heartbeat", f"{policy or self.args.policy}.{role}")
+        return int(hb.payload.step) if hb is not None else 0
+
+    def wait_for(self, predicate, timeout_s: float, stop: threading.Event, poll_s: float = 0.02) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set():
+            if predicate():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return False

@@ -1,0 +1,142 @@
+"""The learner service of one policy: consumes own and peer experience through SEE, steps the
+optimiser, publishes weights, and checkpoints so a restart loses nothing and counts nothing twice.
+
+Order per step: train (messages used stay unacknowledged) → write the step's checkpoint
+(model, optimiser, capability tracker, RNG state, step, ledger of message ids used) →
+acknowledge → announce the step. A crash before the checkpoint leaves the step's messages
+pending, and the restarted learner takes them back and retrains the step; a crash after it
+finds them in the ledger. Peers are waited for at most ``launcher.peer_deadline_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+import numpy as np
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from mutualrl.runtime.distributor import PromptDistributor
+from mutualrl.runtime.http_endpoints import OpsServer
+from mutualrl.runtime.outputs import save_checkpoint
+from mutualrl.runtime.policy_setup import evaluate, make_learner, prepare_policy
+from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.see import SeeCollector
+from mutualrl.services.learner.peer_experience import TokenizerRegistry
+from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.v1 import experience_pb2 as pb
+
+
+def _save_state(path, state: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic: a crash leaves the previous step's state intact
+
+
+def run_learner_service(args: ServiceArgs) -> int:
+    stop = stop_flag()
+    log = service_logger(f"{args.policy}.learner")
+    ctx = ServiceContext(args)
+    cfg, p = ctx.cfg, ctx.policy_cfg
+    prepared = [prepare_policy(cfg, i, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s)) for i in range(len(cfg.policies))]
+    tokenizers = TokenizerRegistry()
+    for q in prepared:
+        tokenizers.register(q.arts.fingerprint, q.arts.tokenizer)
+    pp = prepared[ctx.index]
+    store = WeightStore(args.weights_dir)
+    learner = make_learner(cfg, pp, ctx.exchange, store, tokenizers, ctx.verifier, peer_deadline_s=cfg.launcher.rollout_deadline_s)
+    peers = [q.name for q in cfg.policies if q.name != p.name]
+
+    state_path = ctx.state_dir / f"{p.name}.learner.state.pt"
+    ledger: dict[int, dict[str, list[str]]] = {}
+    start = 1
+    if state_path.is_file():
+        st = torch.load(state_path, weights_only=False)
+        learner.load_state_dict(st["learner"])
+        torch.set_rng_state(st["rng"]["torch"])
+        random.setstate(st["rng"]["python"])
+        np.random.set_state(st["rng"]["numpy"])
+        ledger = st["ledger"]
+        start = int(st["step"]) + 1
+        log.info("resumed", extra={"fields": {"step": start - 1, "weights_version": learner.version}})
+    adopted = learner.adopt_pending(0)
+    if adopted:
+        log.info("took back unacknowledged messages", extra={"fields": {"count": adopted}})
+
+    registry = CollectorRegistry()
+    g = {
+        "step": Gauge("mutualrl_step", "Last step this service finished.", ["policy", "role"], registry=registry),
+        "version": Gauge("mutualrl_weights_version", "Weights version published.", ["policy", "role"], registry=registry),
+        "thl": Gauge("mutualrl_thl_residual", "Mean unaligned-byte fraction of the peer messages of the last step.", ["policy"], registry=registry),
+        "stale": Gauge("mutualrl_staleness_steps", "Steps the slowest peer is behind this learner.", ["policy", "role"], registry=registry),
+        "reward": Gauge("mutualrl_reward_mean", "Mean own reward of the last step.", ["policy"], registry=registry),
+    }
+    c = {
+        "rollouts": Counter("mutualrl_rollouts_consumed", "Own rollouts trained on.", ["policy"], registry=registry),
+        "shared_in": Counter("mutualrl_shared_in", "Peer messages used (rows, rescues, stats).", ["policy"], registry=registry),
+        "rejected": Counter("mutualrl_peer_rejected", "Peer messages rejected, by reason.", ["policy", "reason"], registry=registry),
+        "skipped": Counter("mutualrl_steps_skipped", "Steps with no own rollouts before the deadline.", ["policy"], registry=registry),
+    }
+    registry.register(SeeCollector(ctx.exchange))
+    status = {"step": start - 1}
+
+    def peer_lag() -> int:
+        return max((status["step"] - ctx.last_step("rollout", q) for q in peers), default=0)
+
+    def health() -> dict:
+        return {"status": "ok", "role": "learner", "policy": p.name, "step": status["step"], "weights_version": learner.version, "lag": max(0, peer_lag())}
+
+    ops = OpsServer(registry, health, cfg.launcher.host, args.ops_port).start()
+    distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+    metrics_file = (ctx.state_dir / f"{p.name}.metrics.jsonl").open("a")
+    g["step"].labels(p.name, "learner").set(start - 1)
+    g["version"].labels(p.name, "learner").set(learner.version)
+    log.info("learning", extra={"fields": {"ops_port": ops.port, "start_step": start}})
+    try:
+        for step in range(start, cfg.budget.steps + 1):
+            if stop.is_set():
+                break
+            problems = distributor.batch(step)
+            # peers finish the same step within the deadline, or we go on without them
+            ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers), cfg.launcher.peer_deadline_s, stop)
+            rec = learner.train_step(step, problems, commit=False)
+            if not rec.get("skipped") and (step % cfg.eval.every == 0 or step == cfg.budget.steps):
+                rec["eval_accuracy"] = evaluate(pp, learner.model, ctx.task, ctx.verifier, cfg)
+            ledger[step] = learner.last_used if not rec.get("skipped") else {"own": [], "peer": []}
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+            _save_state(state_path, {"learner": learner.state_dict(), "step": step, "rng": rng, "ledger": ledger})
+            learner.commit()
+            ctx.exchange.publish(pb.Heartbeat(role="learner", step=step, version=learner.version, status="ok"), f"{p.name}.learner")
+            status["step"] = step
+            rec["step_s"] = rec.pop("train_s", 0.0)
+            rec["wall_time"] = time.time()
+            metrics_file.write(json.dumps(rec) + "\n")
+            metrics_file.flush()
+            g["step"].labels(p.name, "learner").set(step)
+            g["version"].labels(p.name, "learner").set(learner.version)
+            g["stale"].labels(p.name, "learner").set(max(0, peer_lag()))
+            if rec.get("skipped"):
+                c["skipped"].labels(p.name).inc()
+                log.info("step skipped: no own rollouts before the deadline", extra={"fields": {"step": step}})
+                continue
+            g["thl"].labels(p.name).set(rec.get("thl_residual") or 0.0)
+            g["reward"].labels(p.name).set(rec["reward_mean"])
+            c["rollouts"].labels(p.name).inc(len(learner.last_used.get("own", [])))
+            c["shared_in"].labels(p.name).inc(rec.get("shared_in", 0))
+            for reason, n in (rec.get("peer_rejected") or {}).items():
+                c["rejected"].labels(p.name, reason).inc(n)
+            log.info("step", extra={"fields": {k: rec.get(k) for k in ("step", "reward_mean", "loss", "shared_in", "weights_version", "eval_accuracy")}})
+        else:
+            save_checkpoint(args.out_dir / "checkpoints" / p.name, learner.model, pp.arts.tokenizer, learner.opt,
+                            {"step": cfg.budget.steps, "weights_version": learner.version, "policy": p.name, "source": pp.arts.source})
+            (ctx.state_dir / f"{p.name}.learner.done").write_text(json.dumps({"step": cfg.budget.steps, "totals": dict(learner.totals)}))
+            log.info("budget done")
+    finally:
+        ops.stop()
+        metrics_file.close()
+    return 0

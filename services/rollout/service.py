@@ -1,0 +1,89 @@
+"""The rollout service of one policy: a gRPC RolloutService plus the worker loop that samples
+each step's prompts, verifies them and publishes experience through SEE.
+
+Bounded staleness: step t is sampled only once the learner announced step t−1 and the
+newest weights version it published is loaded (the engine serves nothing for a version
+it has not finished loading). After a restart it resumes at the learner's next step.
+"""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from mutualrl.runtime.distributor import PromptDistributor
+from mutualrl.runtime.http_endpoints import OpsServer
+from mutualrl.runtime.policy_setup import make_worker, prepare_policy
+from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.see import SeeCollector
+from mutualrl.services.rollout.factory import build_engine
+from mutualrl.services.rollout.server import RolloutServicer, serve
+from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.v1 import experience_pb2 as pb
+
+
+def run_rollout_service(args: ServiceArgs) -> int:
+    stop = stop_flag()
+    log = service_logger(f"{args.policy}.rollout")
+    ctx = ServiceContext(args)
+    cfg, p = ctx.cfg, ctx.policy_cfg
+    pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s))
+    store = WeightStore(args.weights_dir)
+    engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source)
+    registry = CollectorRegistry()
+    servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, p.tokenizer.chat_template)
+    server, grpc_port = serve(servicer, cfg.launcher.host, args.grpc_port)
+    step_g = Gauge("mutualrl_step", "Last step this service finished.", ["policy", "role"], registry=registry)
+    rollouts_c = Counter("mutualrl_rollouts", "Rollouts published.", ["policy"], registry=registry)
+    shared_out_c = Counter("mutualrl_shared_out", "Verified successes published for peers.", ["policy"], registry=registry)
+    lag_g = Gauge("mutualrl_staleness_steps", "Steps between the learner's last step and the weights served.", ["policy", "role"], registry=registry)
+    registry.register(SeeCollector(ctx.exchange))
+    state = {"step": 0}
+
+    def health() -> dict:
+        info = engine.info()
+        return {"status": engine.health(), "role": "rollout", "policy": p.name, "step": state["step"], "weights_version": info.weights_version,
+                "lag": max(0, ctx.last_step("learner") - info.weights_version), "grpc_port": grpc_port}
+
+    ops = OpsServer(registry, health, cfg.launcher.host, args.ops_port).start()
+    worker = make_worker(cfg, pp, engine, ctx.exchange, ctx.verifier)
+    distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+    ledger = (ctx.state_dir / f"{p.name}.rollout.ledger.jsonl").open("a")
+    step = ctx.last_step("learner") + 1
+    log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step}})
+
+    def load_newest() -> None:
+        wp = ctx.exchange.last("weights_published", p.name)
+        if wp is not None and wp.payload.version > engine.info().weights_version:
+            engine.update_weights(int(wp.payload.version), wp.payload.uri, wp.payload.checksum or None)
+            store.acknowledge(p.name, int(wp.payload.version))
+            servicer.metrics.version.labels(p.name, "rollout").set(wp.payload.version)
+            log.info("weights loaded", extra={"fields": {"version": int(wp.payload.version)}})
+
+    try:
+        while step <= cfg.budget.steps and not stop.is_set():
+            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1, 3600, stop):
+                break
+            load_newest()
+            res = worker.run_step(step, distributor.batch(step))
+            ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "weights_version": engine.info().weights_version}) + "\n")
+            ledger.flush()
+            rollouts_c.labels(p.name).inc(res.published)
+            shared_out_c.labels(p.name).inc(res.successes_published)
+            ctx.exchange.publish(pb.Heartbeat(role="rollout", step=step, version=engine.info().weights_version, status="ok"), f"{p.name}.rollout")
+            state["step"] = step
+            step_g.labels(p.name, "rollout").set(step)
+            lag_g.labels(p.name, "rollout").set(max(0, step - 1 - engine.info().weights_version))
+            log.info("step", extra={"fields": {"step": step, "published": res.published, "successes": res.successes_published, "reward_mean": res.reward_mean}})
+            step += 1
+        # the budget is sampled: keep serving (weights updates, Generate) until told to stop
+        while not stop.is_set():
+            load_newest()
+            stop.wait(0.2)
+    finally:
+        server.stop(grace=2)
+        ops.stop()
+        ledger.close()
+        log.info("stopped")
+    return 0
