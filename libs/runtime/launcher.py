@@ -93,6 +93,7 @@ class Supervisor:
     def _spawn(self, s: Service) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         s.proc = subprocess.Popen(s.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
+        (self.out / "services" / f"{s.name}.pid").write_text(str(s.proc.pid))
         threading.Thread(target=self._pump, args=(s, s.proc), daemon=True).start()
 
     def _pump(self, s: Service, proc: subprocess.Popen) -> None:
@@ -161,6 +162,12 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
         for line in path.read_text().splitlines() if path.is_file() else []:
             rec = json.loads(line)
             per_policy.setdefault(p.name, {})[int(rec["step"])] = rec
+    shared_out: dict[tuple[str, int], int] = {}
+    for p in cfg.policies:
+        path = out / "services" / f"{p.name}.rollout.ledger.jsonl"
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            e = json.loads(line)
+            shared_out[(p.name, int(e["step"]))] = int(e.get("successes", 0))  # a re-run step: the last write wins
     rollouts: dict[str, int] = {}
     final: dict[str, float] = {n: v[0] for n, v in starts.items()}
     for step in range(1, cfg.budget.steps + 1):
@@ -170,6 +177,7 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
                 continue
             rollouts[p.name] = rollouts.get(p.name, 0) + (0 if rec.get("skipped") else cfg.budget.prompts_per_step * cfg.budget.group_size)
             rec["rollouts"] = rollouts[p.name]
+            rec["shared_out"] = shared_out.get((p.name, step), 0)
             if "eval_accuracy" in rec:
                 final[p.name] = rec["eval_accuracy"]
             writer.write(rec)

@@ -67,7 +67,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
                 break
             load_newest()
             res = worker.run_step(step, distributor.batch(step))
-            ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "weights_version": engine.info().weights_version}) + "\n")
+            ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "successes": res.successes_published, "weights_version": engine.info().weights_version}) + "\n")
             ledger.flush()
             rollouts_c.labels(p.name).inc(res.published)
             shared_out_c.labels(p.name).inc(res.successes_published)

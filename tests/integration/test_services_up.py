@@ -1,0 +1,150 @@
+"""`mutualrl up` over real processes and sockets: Redis, per policy a rollout service and a
+learner service, the prompt distributor; metrics scraped from every service while it runs;
+and the faults the services must survive (kill -9 of a learner or a rollout server, SIGTERM)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ["budget.steps={steps}", "eval.every=100", "eval.size=32", "sharing.mode=sgt", "launcher.peer_deadline_s=10"]
+
+
+def _start(out: Path, steps: int, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "mutualrl.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(out)]
+    for s in [b.format(steps=steps) for b in BASE] + list(extra):
+        cmd += ["--set", s]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _health(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=3) as r:
+            return json.loads(r.read())
+    except OSError:
+        return {}
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _services(out: Path) -> dict:
+    return _wait(lambda: json.loads((out / "services.json").read_text()) if (out / "services.json").is_file() else None, 300, "services.json")["services"]
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    output, _ = proc.communicate(timeout=timeout)
+    return output
+
+
+def _ledgers(out: Path, policy: str) -> tuple[dict, dict]:
+    state = torch.load(out / "services" / f"{policy}.learner.state.pt", weights_only=False)
+    published: dict[int, list[str]] = {}
+    for line in (out / "services" / f"{policy}.rollout.ledger.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        published.setdefault(int(e["step"]), []).extend(e["rollouts"])
+    return state["ledger"], published
+
+
+def test_two_policies_three_steps_over_processes(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, 4)
+    try:
+        svcs = _services(out)
+        assert set(svcs) == {"llama-char.rollout", "llama-char.learner", "gpt2-bpe.rollout", "gpt2-bpe.learner"}
+        _wait(lambda: all(_health(s["ops"]).get("step", 0) >= 2 for n, s in svcs.items() if s["role"] == "learner"), 300, "learners at step 2")
+        texts = {n: urllib.request.urlopen(s["ops"] + "/metrics", timeout=5).read().decode() for n, s in svcs.items()}
+        for name, text in texts.items():
+            assert "mutualrl_step{" in text and "mutualrl_staleness_steps{" in text and "mutualrl_see_stream_length" in text, name
+            if name.endswith("rollout"):
+                assert "mutualrl_rollouts_total{" in text and "mutualrl_shared_out_total{" in text and "mutualrl_weights_version{" in text
+            else:
+                assert "mutualrl_rollouts_consumed_total{" in text and "mutualrl_shared_in_total{" in text and "mutualrl_thl_residual{" in text
+        status = subprocess.run([sys.executable, "-m", "mutualrl.cli", "status", str(out)], capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and status.stdout.count(" ok ") >= 4, status.stdout
+        output = _finish(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r.get("phase") != "warm_start"]
+    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "gpt2-bpe") for s in range(1, 5)}
+    for name in ("llama-char", "gpt2-bpe"):
+        mine = [r for r in steps if r["policy"] == name]
+        assert [r["weights_version"] for r in mine] == [1, 2, 3, 4]
+        assert sum(r["shared_in"] for r in mine) > 0 and sum(r["shared_out"] for r in mine) > 0  # both directions
+        rollout_versions = [json.loads(l)["weights_version"] for l in (out / "services" / f"{name}.rollout.ledger.jsonl").read_text().splitlines()]
+        assert rollout_versions == [0, 1, 2, 3]  # each step sampled with the previous step's weights
+        assert (out / "checkpoints" / name / "config.json").is_file()
+    assert (out / "summary.json").is_file() and (out / "curves.png").is_file()
+
+
+def test_killed_learner_is_restarted_and_resumes_without_losing_or_double_counting(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, 6)
+    try:
+        svcs = _services(out)
+        _wait(lambda: _health(svcs["llama-char.learner"]["ops"]).get("step", 0) >= 2, 300, "learner step 2")
+        pid = int((out / "services" / "llama-char.learner.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        output = _finish(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert "llama-char.learner exited with -9; restarting" in output
+    assert "resumed" in (out / "logs" / "llama-char.learner.log").read_text()
+    ledger, published = _ledgers(out, "llama-char")
+    assert sorted(ledger) == list(range(1, 7))
+    used = [mid for s in sorted(ledger) for mid in ledger[s]["own"]]
+    assert len(used) == len(set(used)) == 6 * 16 * 8  # nothing counted twice
+    for s in range(1, 7):  # nothing lost: every step trained on exactly what its rollouts published
+        assert set(ledger[s]["own"]) == set(published[s])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policies"]["llama-char"]["restarts"]["llama-char.learner"] == 1
+
+
+def test_killed_rollout_server_learner_waits_its_deadline_then_the_run_completes(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, 5, "launcher.rollout_deadline_s=4")
+    try:
+        svcs = _services(out)
+        _wait(lambda: _health(svcs["gpt2-bpe.rollout"]["ops"]).get("step", 0) >= 2, 300, "rollout step 2")
+        os.kill(int((out / "services" / "gpt2-bpe.rollout.pid").read_text()), signal.SIGKILL)
+        output = _finish(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert "gpt2-bpe.rollout exited with -9; restarting" in output
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in records if r["policy"] == "gpt2-bpe" and r.get("phase") != "warm_start"} == set(range(1, 6))
+
+
+def test_sigterm_stops_every_service(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, 50)
+    try:
+        svcs = _services(out)
+        _wait(lambda: _health(svcs["llama-char.learner"]["ops"]).get("step", 0) >= 1, 300, "first step")
+        pids = [int((out / "services" / f"{n}.pid").read_text()) for n in svcs]
+        proc.send_signal(signal.SIGTERM)
+        _finish(proc, 60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
