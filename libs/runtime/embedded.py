@@ -135,6 +135,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
                 shared_out=roll.successes_published,
                 gen_s=gen_s,
                 step_s=gen_s + rec.pop("train_s", 0.0),
+                wall_time=time.time(),
             )
             if step % cfg.eval.every == 0 or step == cfg.budget.steps:
                 acc = greedy_accuracy(rt.learner.model, rt.artifacts.tokenizer, eval_set, verifier, max_new, chat_template=rt.worker.chat_template)

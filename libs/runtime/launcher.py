@@ -91,7 +91,10 @@ class Supervisor:
             self._spawn(s)
 
     def _spawn(self, s: Service) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        # two services per policy compute at a time (rollouts, then learners): share the cores
+        # instead of oversubscribing them (a 2-core box with four 2-thread processes thrashes)
+        threads = max(1, (os.cpu_count() or 1) // max(1, len(self.cfg.policies)))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "MUTUALRL_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
         s.proc = subprocess.Popen(s.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
         (self.out / "services" / f"{s.name}.pid").write_text(str(s.proc.pid))
         threading.Thread(target=self._pump, args=(s, s.proc), daemon=True).start()

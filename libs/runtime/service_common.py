@@ -65,6 +65,10 @@ def stop_flag() -> threading.Event:
 
 class ServiceContext:
     def __init__(self, args: ServiceArgs):
+        import torch
+
+        if os.environ.get("MUTUALRL_TORCH_THREADS"):
+            torch.set_num_threads(int(os.environ["MUTUALRL_TORCH_THREADS"]))
         self.args = args
         self.cfg: ExperimentConfig = load_config(args.config)
         self.index = [p.name for p in self.cfg.policies].index(args.policy)
