@@ -29,16 +29,26 @@ def _fail(message: str) -> "typer.Exit":
     return typer.Exit(EXIT_BAD_INPUT)
 
 
+def _load(config: Path, overrides: List[str]):
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        raise _fail(str(e))
+
+
+def _print_summary(target: Path, summary: dict) -> None:
+    out.print(f"[bold]done[/] → {target}")
+    for name, p in summary["policies"].items():
+        out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, rescues {p['rescue_count']}")
+
+
 @app.command()
 def validate(
     config: Path = typer.Argument(..., help="Experiment YAML file."),
     set_: List[str] = typer.Option([], "--set", help="Override a field: key.path=value (repeatable)."),
 ) -> None:
     """Check an experiment file against the schema without running it."""
-    try:
-        cfg = load_config(config, set_)
-    except ConfigError as e:
-        raise _fail(str(e))
+    cfg = _load(config, set_)
     out.print(f"[green]ok[/] {config}: {len(cfg.policies)} policies ({', '.join(p.name for p in cfg.policies)}), sharing={cfg.sharing.mode}, steps={cfg.budget.steps}")
 
 
@@ -49,10 +59,7 @@ def run(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: <output_dir>/<name>)."),
 ) -> None:
     """Run an experiment (embedded launcher: every worker in this process)."""
-    try:
-        cfg = load_config(config, set_)
-    except ConfigError as e:
-        raise _fail(str(e))
+    cfg = _load(config, set_)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from mutualrl.runtime.display import LiveReporter
     from mutualrl.runtime.embedded import run_embedded
@@ -63,9 +70,7 @@ def run(
             summary = run_embedded(cfg, target, reporter)
     except ConfigError as e:  # inputs that failed to load; any other error is a bug and keeps its traceback
         raise _fail(str(e))
-    out.print(f"[bold]done[/] → {target}")
-    for name, p in summary["policies"].items():
-        out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, rescues {p['rescue_count']}")
+    _print_summary(target, summary)
 
 
 @app.command()
@@ -76,10 +81,7 @@ def up(
 ) -> None:
     """Run an experiment as services: Redis (unless broker.url is set) and, per policy, a rollout
     service and a learner service, each its own supervised process on loopback ports."""
-    try:
-        cfg = load_config(config, set_)
-    except ConfigError as e:
-        raise _fail(str(e))
+    cfg = _load(config, set_)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from mutualrl.runtime.launcher import run_services
 
