@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from mutualrl.config import ConfigError, ExperimentConfig
+from mutualrl.config.schema import BrokerConfig
 from mutualrl.see import Backpressure, ExperienceExchange, InProcessBroker, RedisBroker, RedisOptions
 from mutualrl.see.broker import Broker
 
@@ -22,6 +23,20 @@ def _env(name: str | None, what: str) -> str | None:
     if value is None:
         raise ConfigError(f"{what}: environment variable {name} is not set")
     return value
+
+
+def hmac_key(b: BrokerConfig) -> bytes | None:
+    """The signing key named by ``broker.hmac_key_env`` (ConfigError when that variable is unset)."""
+    key = _env(b.hmac_key_env, "broker.hmac_key_env")
+    return key.encode() if key else None
+
+
+def redis_options(b: BrokerConfig, url: str) -> RedisOptions:
+    """Connection options from the broker config (the password read from ``password_env``)."""
+    return RedisOptions(
+        url=url, username=b.username, password=_env(b.password_env, "broker.password_env"), tls=b.tls,
+        tls_ca_certs=b.tls_ca_certs, tls_certfile=b.tls_certfile, tls_keyfile=b.tls_keyfile,
+    )
 
 
 def _redact(url: str) -> str:
@@ -40,7 +55,7 @@ def run_namespace(cfg: ExperimentConfig) -> str:
 @contextmanager
 def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterator[ExperienceExchange]:
     b = cfg.broker
-    key = _env(b.hmac_key_env, "broker.hmac_key_env")
+    key = hmac_key(b)
     server = None
     broker: Broker
     if b.backend == "inprocess":
@@ -55,10 +70,7 @@ def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterat
             except (ServerNotFound, RuntimeError) as e:
                 raise ConfigError(f"broker.backend redis without broker.url: {e}") from e
             url = server.url
-        opts = RedisOptions(
-            url=url, username=b.username, password=_env(b.password_env, "broker.password_env"), tls=b.tls,
-            tls_ca_certs=b.tls_ca_certs, tls_certfile=b.tls_certfile, tls_keyfile=b.tls_keyfile,
-        )
+        opts = redis_options(b, url)
         probe = RedisBroker(replace(opts, retries=2, socket_timeout_s=3.0))  # fail fast at start-up, retry patiently later
         try:
             probe.ping()
@@ -71,7 +83,7 @@ def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterat
         broker = RedisBroker(opts)
     backpressure = Backpressure(b.max_backlog, b.on_backlog, b.block_timeout_s) if b.max_backlog else None
     ex = ExperienceExchange(
-        broker, namespace or run_namespace(cfg), hmac_key=key.encode() if key else None, max_len=b.max_len,
+        broker, namespace or run_namespace(cfg), hmac_key=key, max_len=b.max_len,
         max_age_ms=int(b.max_age_s * 1000) if b.max_age_s else None, backpressure=backpressure,
     )
     try:

@@ -16,7 +16,8 @@ from pathlib import Path
 from mutualrl.config import ExperimentConfig, load_config
 from mutualrl.models.policy import default_cache_dir
 from mutualrl.runtime.policy_setup import build_task_from_config
-from mutualrl.see import ExperienceExchange, RedisBroker, RedisOptions
+from mutualrl.runtime.exchange_setup import hmac_key, redis_options
+from mutualrl.see import ExperienceExchange, RedisBroker
 
 
 @dataclass
@@ -76,10 +77,7 @@ class ServiceContext:
         self.task, self.verifier = build_task_from_config(self.cfg)
         self.cache = default_cache_dir()
         b = self.cfg.broker
-        key = os.environ.get(b.hmac_key_env, "").encode() if b.hmac_key_env else None
-        password = os.environ.get(b.password_env) if b.password_env else None
-        opts = RedisOptions(url=args.redis_url, username=b.username, password=password, tls=b.tls, tls_ca_certs=b.tls_ca_certs, tls_certfile=b.tls_certfile, tls_keyfile=b.tls_keyfile)
-        self.exchange = ExperienceExchange(RedisBroker(opts), args.namespace, hmac_key=key or None, max_len=b.max_len)
+        self.exchange = ExperienceExchange(RedisBroker(redis_options(b, args.redis_url)), args.namespace, hmac_key=hmac_key(b), max_len=b.max_len)
         self.state_dir = args.out_dir / "services"
         self.state_dir.mkdir(parents=True, exist_ok=True)
 

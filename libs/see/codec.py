@@ -6,7 +6,6 @@ import hashlib
 import os
 import hmac
 import time
-import uuid
 
 from google.protobuf.message import DecodeError, Message
 
@@ -89,14 +88,16 @@ class EnvelopeCodec:
             if sig:
                 env.signature = sig
 
-    def wrap(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> pb.Envelope:
-        env = pb.Envelope(
-            schema_version=SCHEMA_VERSION,
-            message_id=message_id or uuid.uuid4().hex,
-            producer=producer,
-            weights_version=weights_version,
-            created_unix_nanos=time.time_ns(),
+    @staticmethod
+    def _header(producer: str, weights_version: int, message_id: str | None) -> pb.Envelope:
+        """An envelope with every field but the payload and the signature."""
+        return pb.Envelope(
+            schema_version=SCHEMA_VERSION, message_id=message_id or os.urandom(16).hex(), producer=producer,
+            weights_version=weights_version, created_unix_nanos=time.time_ns(),
         )
+
+    def wrap(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> pb.Envelope:
+        env = self._header(producer, weights_version, message_id)
         getattr(env, kind_of(payload)).CopyFrom(payload)
         if self.hmac_key:
             env.signature = self._sign(env)
@@ -112,11 +113,8 @@ class EnvelopeCodec:
         fields are written in number order. The HMAC covers those bytes and is appended as
         the signature field (field order is free in protobuf; :meth:`decode` verifies both
         this and a re-serialised form)."""
-        mid = message_id or os.urandom(16).hex()
-        head = pb.Envelope(
-            schema_version=SCHEMA_VERSION, message_id=mid, producer=producer,
-            weights_version=weights_version, created_unix_nanos=time.time_ns(),
-        ).SerializeToString(deterministic=True)
+        env = self._header(producer, weights_version, message_id)
+        mid, head = env.message_id, env.SerializeToString(deterministic=True)
         body = payload.SerializeToString(deterministic=True)
         data = head + _field_tag(kind_of(payload)) + _varint(len(body)) + body
         if self.hmac_key:

@@ -93,14 +93,22 @@ def _build(tok: PreTrainedTokenizerBase) -> VocabBytes | None:
     return table if byte_level or _agrees_with_decoder(tok, table) else None
 
 
+def _fallback_byte(token: str) -> int | None:
+    """The byte a SentencePiece byte-fallback piece ``<0xNN>`` stands for, else None."""
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return int(token[3:5], 16)
+        except ValueError:
+            return None
+    return None
+
+
 def _piece_bytes(token: str, byte_level: bool) -> bytes:
     if byte_level:
         return token.translate(_TRANSLATE).encode("latin-1")
-    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
-        try:
-            return bytes([int(token[3:5], 16)])  # SentencePiece byte-fallback piece
-        except ValueError:
-            pass
+    byte = _fallback_byte(token)
+    if byte is not None:
+        return bytes([byte])
     return token.replace("\u2581", " ").encode("utf-8")  # Metaspace: ▁ stands for a space
 
 
@@ -152,11 +160,7 @@ def byte_fallback_mask(tok: PreTrainedTokenizerBase) -> np.ndarray:
     vocab = tok.get_vocab()
     mask = np.zeros(max(vocab.values(), default=-1) + 1, dtype=bool)
     for token, idx in vocab.items():
-        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
-            try:
-                int(token[3:5], 16)
-            except ValueError:
-                continue
+        if _fallback_byte(token) is not None:
             mask[idx] = True
     try:
         _FALLBACK[tok] = mask

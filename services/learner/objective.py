@@ -117,8 +117,9 @@ class StepObjective:
             metrics["xgrpo_baseline_mean"] = float(base.mean()) if N else 0.0
         elif self.mode == "hacpo":
             assert self.tracker is not None
-            weight = torch.tensor([1.0 if k == OWN else 1.0 / self.tracker.ratio(s, self.policy) for k, s in zip(rows.kind, rows.source)])
-            omega = torch.tensor([1.0 if k == OWN else self.tracker.ratio(s, self.policy) for k, s in zip(rows.kind, rows.source)])
+            ratio = {src: self.tracker.ratio(src, self.policy) for src in set(rows.source)}  # clip(P̂_src / P̂_k)
+            omega = torch.tensor([1.0 if k == OWN else ratio[src] for k, src in zip(rows.kind, rows.source)])
+            weight = 1.0 / omega  # ω^(k,src) = clip(P̂_k / P̂_src); 1 on own rows
             adv, base = hacpo_advantages(rewards, groups, weight, kind == OWN, epsilon=a.epsilon, binary_baseline_guard=self.sh.hacpo.binary_baseline_guard)
             metrics["hacpo_baseline_mean"] = float(base.mean()) if N else 0.0
             metrics["capability_self"] = self.tracker.capability(self.policy)

@@ -73,13 +73,18 @@ class RolloutWorker:
         groups = self.engine.generate(prompt_ids, self._spec(step))
         result = StepRollouts(step)
         G = self.sampling.n
+        flat = [s for group in groups for s in group]
+        all_texts = self.tok.batch_decode([s.token_ids for s in flat], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        # whether each sampled path is the canonical encoding of its text: computed once here, in
+        # one batch for the step, rather than by every receiver's THL (algorithms.md §3.2)
+        eos = self.tok.eos_token_id
+        fresh = self.tok(all_texts, add_special_tokens=False)["input_ids"]
+        all_canonical = [f == (list(s.token_ids[:-1]) if s.token_ids and s.token_ids[-1] == eos else list(s.token_ids)) for f, s in zip(fresh, flat)]
+        offset = 0
         for problem, p_ids, group in zip(problems, prompt_ids, groups):
-            texts = [self.tok.decode(s.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) for s in group]
-            # whether each sampled path is the canonical encoding of its text: computed once here
-            # rather than by every receiver's THL (algorithms.md §3.2, non-canonical flag)
-            fresh = self.tok(texts, add_special_tokens=False)["input_ids"]
-            eos = self.tok.eos_token_id
-            canonical = [f == (list(s.token_ids[:-1]) if s.token_ids and s.token_ids[-1] == eos else list(s.token_ids)) for f, s in zip(fresh, group)]
+            texts = all_texts[offset : offset + len(group)]
+            canonical = all_canonical[offset : offset + len(group)]
+            offset += len(group)
             rewards = self.verifier.score_many([problem] * len(group), texts)
             result.rewards[problem.prompt_id] = rewards
             seen_success: set[str] = set()
