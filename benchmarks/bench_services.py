@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from mutualrl.config import load_config
-from mutualrl.runtime.embedded import run_embedded
-from mutualrl.runtime.launcher import run_services
+from mutualrl.app.embedded import run_embedded
+from mutualrl.app.launcher import run_services
 
 
 def steps_per_second(metrics: Path) -> float:

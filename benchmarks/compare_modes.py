@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from mutualrl.config import load_config
-from mutualrl.runtime.embedded import run_embedded
+from mutualrl.app.embedded import run_embedded
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.yaml"

@@ -1,9 +1,9 @@
-"""Building one policy's parts from the config — shared by the embedded run and the services,
-so a policy is the same object whichever launcher runs it."""
+"""Loading one policy (model, tokenizer, warm start) and the task from the config — shared by
+the embedded run and the services, so a policy is the same object whichever launcher runs it.
+The services build their own parts from a `PreparedPolicy` (`make_worker`, `make_learner`)."""
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +15,7 @@ from mutualrl.models.families import ModelShape
 from mutualrl.models.policy import PolicyArtifacts, load_policy
 from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.warm_start import warm_start
-from mutualrl.see import ExperienceExchange
-from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
-from mutualrl.services.rollout import RolloutWorker, SamplingSpec, WeightStore
-from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
-from mutualrl.thl import ThlBudget
 
 
 @contextmanager
@@ -83,31 +78,3 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
 
 def evaluate(pp: PreparedPolicy, model, task: Task, verifier: Verifier, cfg: ExperimentConfig) -> float:
     return greedy_accuracy(model, pp.arts.tokenizer, task.eval[: cfg.eval.size], verifier, cfg.budget.max_new_tokens, chat_template=pp.config.tokenizer.chat_template)
-
-
-def make_worker(cfg: ExperimentConfig, pp: PreparedPolicy, engine: RolloutEngine, exchange: ExperienceExchange, verifier: Verifier) -> RolloutWorker:
-    p = pp.config
-    spec = SamplingSpec(n=cfg.budget.group_size, max_new_tokens=cfg.budget.max_new_tokens, temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p)
-    return RolloutWorker(p.name, engine, pp.arts.tokenizer, verifier, exchange, fingerprint=pp.arts.fingerprint, sampling=spec, seed=cfg.seed, chat_template=p.tokenizer.chat_template)
-
-
-def make_learner(
-    cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightStore, registry: TokenizerRegistry,
-    verifier: Verifier, peer_deadline_s: float = 5.0,
-) -> Learner:
-    p = pp.config
-    ref = None
-    if cfg.algorithm.kl_coef > 0:
-        ref = copy.deepcopy(pp.arts.model).eval()
-        for q in ref.parameters():
-            q.requires_grad_(False)
-    intake = PeerIntake(
-        pp.arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip),
-        cfg.sharing.max_version_lag, p.tokenizer.chat_template, cfg.thl.placement,
-    )
-    settings = LearnerSettings(
-        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=p.optim,
-        max_new_tokens=cfg.budget.max_new_tokens, device=p.engine.device, peer_deadline_s=peer_deadline_s,
-    )
-    peers = [q.name for q in cfg.policies if q.name != p.name]
-    return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers, ref_model=ref)

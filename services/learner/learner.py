@@ -22,7 +22,7 @@ from mutualrl.models.generation import sequence_logprobs
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, StepObjective, right_aligned
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
-from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.weights import WeightStore
 from mutualrl.tasks import Problem
 from mutualrl.v1 import experience_pb2 as pb
 

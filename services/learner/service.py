@@ -22,11 +22,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
-from mutualrl.runtime.policy_setup import evaluate, make_learner, prepare_policy
+from mutualrl.runtime.policy_setup import evaluate, prepare_policy
+from mutualrl.services.learner.setup import make_learner
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
 from mutualrl.services.learner.peer_experience import TokenizerRegistry
-from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.weights import WeightStore
 from mutualrl.v1 import experience_pb2 as pb
 
 

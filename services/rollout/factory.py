@@ -8,7 +8,7 @@ from mutualrl.config.schema import EngineConfig
 from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.hf_engine import HFEngine
 from mutualrl.services.rollout.http_engines import SGLangServerEngine, VLLMServerEngine
-from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.weights import WeightStore
 
 
 def build_engine(cfg: EngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, store: WeightStore, name: str) -> RolloutEngine:

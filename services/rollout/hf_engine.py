@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from mutualrl.models.generation import Sample, sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
-from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.weights import WeightStore
 
 
 class HFEngine(RolloutEngine):

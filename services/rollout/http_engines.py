@@ -19,7 +19,7 @@ import requests
 
 from mutualrl.models.generation import Sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
-from mutualrl.services.rollout.weights import verify_checksum
+from mutualrl.weights import verify_checksum
 
 
 class EngineUnavailable(RuntimeError):

@@ -14,12 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
-from mutualrl.runtime.policy_setup import make_worker, prepare_policy
+from mutualrl.runtime.policy_setup import prepare_policy
+from mutualrl.services.rollout.setup import make_worker
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
 from mutualrl.services.rollout.factory import build_engine
 from mutualrl.services.rollout.server import RolloutServicer, serve
-from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.weights import WeightStore
 from mutualrl.v1 import experience_pb2 as pb
 
 

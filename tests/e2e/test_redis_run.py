@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mutualrl.cli import app
+from mutualrl.app.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import torch
 
 from mutualrl.services.rollout.engine import SamplingSpec
 from mutualrl.services.rollout.http_engines import EngineUnavailable, SGLangServerEngine, VLLMServerEngine
-from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.weights import WeightStore
 
 EOS = 2
 VLLM_SAMPLING_KEYS = {"model", "prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "return_token_ids"}
@@ -217,7 +217,7 @@ def test_run_with_an_absent_engine_server_fails_fast_with_one_line(tmp_path):
 
     from typer.testing import CliRunner
 
-    from mutualrl.cli import app
+    from mutualrl.app.cli import app
     from mutualrl.see.server import free_port
 
     demo = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"

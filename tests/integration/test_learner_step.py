@@ -13,7 +13,8 @@ from mutualrl.models.families import ModelShape
 from mutualrl.models.generation import sequence_logprobs
 from mutualrl.see import ExperienceExchange, InProcessBroker
 from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
-from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec, WeightStore
+from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec
+from mutualrl.weights import WeightStore
 from mutualrl.tasks import Problem
 from mutualrl.tasks.verifiers import ExactMatchVerifier
 from mutualrl.thl import ThlBudget

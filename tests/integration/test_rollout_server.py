@@ -12,7 +12,8 @@ import torch
 from mutualrl.models import load_policy
 from mutualrl.models.families import ModelShape
 from mutualrl.runtime.http_endpoints import OpsServer
-from mutualrl.services.rollout import HFEngine, WeightStore
+from mutualrl.services.rollout import HFEngine
+from mutualrl.weights import WeightStore
 from mutualrl.services.rollout.server import RolloutServicer, serve
 from mutualrl.v1 import rollout_service_pb2 as rpb
 from mutualrl.v1 import rollout_service_pb2_grpc as rgrpc

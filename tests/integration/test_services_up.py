@@ -19,7 +19,7 @@ BASE = ["budget.steps={steps}", "eval.every=100", "eval.size=32", "sharing.mode=
 
 
 def _start(out: Path, steps: int, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "mutualrl.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(out)]
+    cmd = [sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(out)]
     for s in [b.format(steps=steps) for b in BASE] + list(extra):
         cmd += ["--set", s]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -75,7 +75,7 @@ def test_two_policies_three_steps_over_processes(tmp_path):
                 assert "mutualrl_rollouts_total{" in text and "mutualrl_shared_out_total{" in text and "mutualrl_weights_version{" in text
             else:
                 assert "mutualrl_rollouts_consumed_total{" in text and "mutualrl_shared_in_total{" in text and "mutualrl_thl_residual{" in text
-        status = subprocess.run([sys.executable, "-m", "mutualrl.cli", "status", str(out)], capture_output=True, text=True, timeout=60)
+        status = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "status", str(out)], capture_output=True, text=True, timeout=60)
         assert status.returncode == 0 and status.stdout.count(" ok ") >= 4, status.stdout
         output = _finish(proc)
     finally:

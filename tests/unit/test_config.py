@@ -73,7 +73,7 @@ def test_bad_override_is_a_config_error():
 def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path):
     bad = _write(tmp_path, MINIMAL + "sharing: {mode: telepathy}\n")
     for cmd in (["validate", str(bad)], ["run", str(bad)], ["run", str(DEMO), "--set", "budget.steps=-1"], ["run", str(tmp_path / "missing.yaml")]):
-        p = subprocess.run([sys.executable, "-m", "mutualrl.cli", *cmd], capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", *cmd], capture_output=True, text=True, timeout=120)
         assert p.returncode == 2, (cmd, p.stdout, p.stderr)
         assert "Traceback" not in p.stderr
         lines = [l for l in p.stderr.splitlines() if l.strip()]
@@ -81,7 +81,7 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path):
 
 
 def test_cli_validate_ok():
-    p = subprocess.run([sys.executable, "-m", "mutualrl.cli", "validate", str(DEMO)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "validate", str(DEMO)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "ok" in p.stdout
 
 
@@ -99,7 +99,7 @@ def test_cli_load_time_input_errors_exit_2(tmp_path):
     for i, (text, needle) in enumerate(cases):
         cfg = tmp_path / f"exp{i}.yaml"
         cfg.write_text(text)
-        p = subprocess.run([sys.executable, "-m", "mutualrl.cli", "run", str(cfg), "--out", str(tmp_path / f"out{i}")],
+        p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "run", str(cfg), "--out", str(tmp_path / f"out{i}")],
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 2, p.stderr[-2000:]
         lines = [l for l in p.stderr.splitlines() if l.strip()]

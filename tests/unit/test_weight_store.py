@@ -6,7 +6,7 @@ import pytest
 def test_weight_store_directory_roundtrip_and_cleanup(tmp_path):
     import torch
 
-    from mutualrl.services.rollout import WeightStore
+    from mutualrl.weights import WeightStore
 
     store = WeightStore(tmp_path, keep=2)
     w = torch.randn(3, 3)

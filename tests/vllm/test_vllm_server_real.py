@@ -16,7 +16,7 @@ from mutualrl.models.generation import sequence_logprobs
 from mutualrl.see.server import free_port
 from mutualrl.services.rollout.engine import SamplingSpec
 from mutualrl.services.rollout.http_engines import VLLMServerEngine
-from mutualrl.services.rollout.weights import WeightStore
+from mutualrl.weights import WeightStore
 
 pytestmark = pytest.mark.vllm
 PYTHON = os.environ.get("MUTUALRL_VLLM_PYTHON")

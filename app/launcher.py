@@ -79,7 +79,7 @@ class Supervisor:
         for p in cfg.policies:
             for role in ("rollout", "learner"):
                 ops, grpc_port = free_port(), (free_port() if role == "rollout" else 0)
-                argv = [sys.executable, "-m", "mutualrl.cli", "serve", role, "--policy", p.name, "--ops-port", str(ops), *common]
+                argv = [sys.executable, "-m", "mutualrl.app.cli", "serve", role, "--policy", p.name, "--ops-port", str(ops), *common]
                 if role == "rollout":
                     argv += ["--grpc-port", str(grpc_port)]
                 self.services.append(Service(f"{p.name}.{role}", role, p.name, argv, ops, grpc_port, log_path=out / "logs" / f"{p.name}.{role}.log"))

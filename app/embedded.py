@@ -23,9 +23,12 @@ from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics, save_checkpoint
 from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.exchange_setup import open_exchange
-from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, make_learner, make_worker, prepare_policy
+from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.services.learner.setup import make_learner
+from mutualrl.services.rollout.setup import make_worker
 from mutualrl.services.learner import Learner, TokenizerRegistry
-from mutualrl.services.rollout import RolloutWorker, WeightStore
+from mutualrl.services.rollout import RolloutWorker
+from mutualrl.weights import WeightStore
 from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.factory import build_engine, probe_engine
 from mutualrl.services.rollout.http_engines import EngineUnavailable

@@ -9,7 +9,7 @@ from rich.live import Live
 from rich.table import Table
 
 from mutualrl.config import ExperimentConfig
-from mutualrl.runtime.embedded import Reporter
+from mutualrl.app.embedded import Reporter
 
 
 class LiveReporter(Reporter):

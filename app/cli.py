@@ -61,8 +61,8 @@ def run(
     """Run an experiment (embedded launcher: every worker in this process)."""
     cfg = _load(config, set_)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from mutualrl.runtime.display import LiveReporter
-    from mutualrl.runtime.embedded import run_embedded
+    from mutualrl.app.display import LiveReporter
+    from mutualrl.app.embedded import run_embedded
 
     target = out_dir or Path(cfg.output_dir) / cfg.name
     try:
@@ -83,7 +83,7 @@ def up(
     service and a learner service, each its own supervised process on loopback ports."""
     cfg = _load(config, set_)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from mutualrl.runtime.launcher import run_services
+    from mutualrl.app.launcher import run_services
 
     target = out_dir or Path(cfg.output_dir) / cfg.name
     try:

@@ -1,0 +1,3 @@
+from mutualrl.app.cli import main
+
+main()

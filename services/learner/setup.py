@@ -1,0 +1,36 @@
+"""A policy's learner, built from the config and its prepared policy."""
+
+from __future__ import annotations
+
+import copy
+
+from mutualrl.config import ExperimentConfig
+from mutualrl.runtime.policy_setup import PreparedPolicy
+from mutualrl.see import ExperienceExchange
+from mutualrl.services.learner.learner import Learner, LearnerSettings
+from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
+from mutualrl.tasks import Verifier
+from mutualrl.thl import ThlBudget
+from mutualrl.weights import WeightStore
+
+
+def make_learner(
+    cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightStore, registry: TokenizerRegistry,
+    verifier: Verifier, peer_deadline_s: float = 5.0,
+) -> Learner:
+    p = pp.config
+    ref = None
+    if cfg.algorithm.kl_coef > 0:
+        ref = copy.deepcopy(pp.arts.model).eval()
+        for q in ref.parameters():
+            q.requires_grad_(False)
+    intake = PeerIntake(
+        pp.arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip),
+        cfg.sharing.max_version_lag, p.tokenizer.chat_template, cfg.thl.placement,
+    )
+    settings = LearnerSettings(
+        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=p.optim,
+        max_new_tokens=cfg.budget.max_new_tokens, device=p.engine.device, peer_deadline_s=peer_deadline_s,
+    )
+    peers = [q.name for q in cfg.policies if q.name != p.name]
+    return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers, ref_model=ref)
