@@ -157,6 +157,82 @@ def serve_learner(
     raise typer.Exit(run_learner_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port)))
 
 
+mwra_app = typer.Typer(no_args_is_help=True, help="MWRA: GPU planning for heterogeneous policies.")
+app.add_typer(mwra_app, name="mwra")
+
+
+@mwra_app.command("simulate")
+def mwra_simulate(
+    policies: int = typer.Option(4, "--policies", min=1, max=64, help="Number of policies."),
+    gpus: int = typer.Option(32, "--gpus", min=1, max=4096, help="GPUs, on nodes of 8."),
+    cost_ratio: float = typer.Option(4.0, "--cost-ratio", min=1.0, help="Step cost of the most expensive policy over the cheapest."),
+    seed: int = typer.Option(0, "--seed"),
+    steps: int = typer.Option(200, "--steps", min=10, max=100_000),
+    drift: float = typer.Option(0.5, "--drift", min=0.0, help="Costs grow by up to this fraction over the run (responses lengthen)."),
+    node_loss_step: Optional[int] = typer.Option(None, "--node-loss-step", help="Lose a node once every policy finished this step."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    plot_path: Optional[Path] = typer.Option(Path("runs/mwra-simulate.png"), "--plot", help="Where to write the plot."),
+) -> None:
+    """Compare equal split, one-shot proportional, MWRA and the best static plan on a simulated fleet."""
+    from mutualrl.app.simulate import COLUMNS, plot, simulate, table_rows
+    from mutualrl.services.mwra.planner import PlanningError
+
+    try:
+        res = simulate(policies, gpus, cost_ratio, seed, steps, drift, node_loss_step)
+    except PlanningError as e:
+        raise _fail(str(e))
+    results = res.pop("_results")
+    if plot_path is not None:
+        plot(results, plot_path, f"{policies} policies, {gpus} GPUs, cost ratio {cost_ratio:g}")
+        res["plot"] = str(plot_path)
+    if as_json:
+        print(json.dumps(res))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{policies} policies on {gpus} GPUs, cost ratio 1:{cost_ratio:g}, seed {seed}, {steps} steps")
+    for col in ("strategy", *COLUMNS):
+        table.add_column(col)
+    for row in table_rows(results):
+        table.add_row(*row)
+    out.print(table, width=150)
+    if plot_path is not None:
+        out.print(f"plot → {plot_path}")
+
+
+@app.command()
+def controller(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8080, "--port", min=0, max=65535),
+    backend: str = typer.Option("kubernetes", "--backend", help="kubernetes (the cluster) or memory (an in-memory cluster, for trying the API)."),
+    gpus: int = typer.Option(16, "--gpus", min=1, help="memory backend: GPUs in the pretend cluster."),
+    node_gpus: int = typer.Option(8, "--node-gpus", min=1, help="memory backend: GPUs per node."),
+    namespace: str = typer.Option("default", "--namespace", help="kubernetes backend: where the gangs run."),
+    gang: str = typer.Option("auto", "--gang", help="auto, kueue, kai, volcano, native or mwra (own admission)."),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
+    admission_timeout_s: float = typer.Option(600.0, "--admission-timeout", min=1.0),
+    reconcile_every_s: float = typer.Option(5.0, "--reconcile-every", min=0.1),
+) -> None:
+    """Serve the MWRA control API (bearer token from MUTUALRL_API_TOKEN or MUTUALRL_API_TOKEN_FILE)."""
+    from mutualrl.app.controller_app import build_backend, serve_controller
+    from mutualrl.services.mwra.api import TokenMissing, read_token
+
+    if backend not in ("kubernetes", "memory"):
+        raise _fail(f"--backend must be kubernetes or memory, got {backend!r}")
+    if gang not in ("auto", "kueue", "kai", "volcano", "native", "mwra"):
+        raise _fail(f"--gang must be one of auto, kueue, kai, volcano, native, mwra; got {gang!r}")
+    try:
+        read_token()
+    except TokenMissing as e:
+        raise _fail(str(e))
+    try:
+        be, leader = build_backend(backend, gpus, node_gpus, namespace, gang, kubeconfig, admission_timeout_s)
+    except Exception as e:  # noqa: BLE001 - no cluster to talk to is bad input for this command
+        raise _fail(f"kubernetes backend: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    out.print(f"controller on http://{host}:{port} (backend {be.name}{', gang ' + getattr(be, 'gang', '') if backend == 'kubernetes' else ''})")
+    serve_controller(be, leader, host, port, reconcile_every_s)
+
+
 thl_app = typer.Typer(no_args_is_help=True, help="Tokenizer Heterogeneity Layer tools.")
 app.add_typer(thl_app, name="thl")
 

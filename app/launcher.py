@@ -27,6 +27,10 @@ from mutualrl.runtime.exchange_setup import run_namespace
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
 from mutualrl.see.server import RedisServer, free_port
+from mutualrl.config import ConfigError
+from mutualrl.services.mwra.demands import demands_from_config
+from mutualrl.services.mwra.local import LocalPlan, plan_local
+from mutualrl.services.mwra.planner import PlanningError
 
 
 @dataclass
@@ -51,9 +55,26 @@ class Supervisor:
         self.echo = echo
         self.services: list[Service] = []
         self.redis: RedisServer | None = None
+        self.local_plan: LocalPlan | None = None
         self._stopping = threading.Event()
 
     # ---- setup -----------------------------------------------------------
+    def plan(self) -> LocalPlan:
+        """MWRA's local backend: devices (GPU host) or threads (CPU host) per service. Runs
+        before anything expensive, so minimum gangs that do not fit fail at once."""
+        try:
+            self.local_plan = plan_local(demands_from_config(self.cfg), self.cfg.mwra.gpus)
+        except PlanningError as e:
+            raise ConfigError(f"mwra: {e}") from e
+        for line in self.local_plan.lines():
+            self.echo(f"[up] {line}")
+        (self.out / "plan.json").write_text(json.dumps({
+            "device": self.local_plan.device, "units": self.local_plan.units,
+            "services": {f"{p}.{r}": a.env() for (p, r), a in self.local_plan.assignments.items()},
+            "plan": self.local_plan.plan.to_dict() if self.local_plan.plan else None,
+        }, indent=2))
+        return self.local_plan
+
     def prepare(self) -> dict[str, tuple[float, int, str, int]]:
         """Warm starts and starting accuracies (the services then load them from the cache)."""
         cfg = self.cfg
@@ -91,10 +112,10 @@ class Supervisor:
             self._spawn(s)
 
     def _spawn(self, s: Service) -> None:
-        # two services per policy compute at a time (rollouts, then learners): share the cores
-        # instead of oversubscribing them (a 2-core box with four 2-thread processes thrashes)
-        threads = max(1, (os.cpu_count() or 1) // max(1, len(self.cfg.policies)))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "MUTUALRL_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        # the local plan: devices on a GPU host, a share of the cores on a CPU host (a policy's
+        # rollout and learner take turns, so they share its cores instead of oversubscribing)
+        plan = self.local_plan or self.plan()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **plan.assignments[(s.policy, s.role)].env()}
         s.proc = subprocess.Popen(s.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
         (self.out / "services" / f"{s.name}.pid").write_text(str(s.proc.pid))
         threading.Thread(target=self._pump, args=(s, s.proc), daemon=True).start()
@@ -217,6 +238,7 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
     for sig in previous:
         signal.signal(sig, on_signal)
     try:
+        sup.plan()
         starts = sup.prepare()
         sup.start()
         rc = sup.supervise()

@@ -20,9 +20,10 @@ from mutualrl.config.schema import (
     TokenizerConfig,
     WarmStartConfig,
 )
-from mutualrl.config.loading import ConfigError, apply_overrides, load_config, dump_config
+from mutualrl.config.loading import ConfigError, apply_overrides, load_config, dump_config, parse_config
 
 __all__ = [
+    "parse_config",
     "AlgorithmConfig",
     "BrokerConfig",
     "BudgetConfig",

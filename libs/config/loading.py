@@ -93,26 +93,33 @@ def load_config(path: str | Path, overrides: list[str] | None = None, check_path
     if not path.is_file():
         raise ConfigError(f"{path}: config file does not exist")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    return parse_config(text, str(path), overrides, check_paths)
+
+
+def parse_config(text: str, source: str = "<config>", overrides: list[str] | None = None, check_paths: bool = True) -> ExperimentConfig:
+    """The same validation as a file, for YAML that arrives another way (the control API)."""
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+        raise ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     raw = apply_overrides(raw, overrides or [])
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_validation(e, str(path))) from None
+        raise ConfigError(_format_validation(e, source)) from None
     if check_paths:
         try:
             cfg.check_paths()
         except ValueError as e:
-            raise ConfigError(f"{path}: {e}") from None
+            raise ConfigError(f"{source}: {e}") from None
     return cfg
 
 

@@ -93,6 +93,28 @@ class WarmStartConfig(_Strict):
     eval_size: int = Field(128, ge=1, description="Held-out problems per check (from the eval split).")
 
 
+class ResourcesConfig(_Strict):
+    """What MWRA needs to size this policy's gang (see docs/algorithms.md, "MWRA")."""
+
+    rollout_tp: int = Field(1, ge=1, le=64, description="Tensor-parallel size of one rollout engine replica (a TP group never spans nodes).")
+    rollout_replicas: int = Field(1, ge=1, description="Minimum rollout replicas; MWRA may add more.")
+    learner_gpus: int = Field(1, ge=1, description="Minimum GPUs of the learner (FSDP ranks).")
+    max_gpus: Optional[int] = Field(None, ge=2, description="GPUs beyond which this policy gets no faster; None = no limit.")
+    granularity: int = Field(1, ge=1, description="GPUs are added to this policy in units of this many.")
+    scaling_efficiency: float = Field(1.0, gt=0, le=1, description="eta: speed on g GPUs is 1 + eta*(g-1).")
+    step_gpu_seconds: Optional[float] = Field(None, gt=0, description="Seed for the cost of one step on one GPU; None estimates it from model size and tokens.")
+    generate_fraction: Optional[float] = Field(None, ge=0, le=1, description="Seed for the share of a step spent generating; None estimates it.")
+    cpu: float = Field(4.0, gt=0, description="Kubernetes: CPU request per pod.")
+    memory: str = Field("16Gi", description="Kubernetes: memory request per pod.")
+
+    @model_validator(mode="after")
+    def _fits(self) -> "ResourcesConfig":
+        gang = self.rollout_tp * self.rollout_replicas + self.learner_gpus
+        if self.max_gpus is not None and self.max_gpus < gang:
+            raise ValueError(f"resources.max_gpus {self.max_gpus} is below the minimum gang of {gang} (rollout_tp x rollout_replicas + learner_gpus)")
+        return self
+
+
 class PolicyConfig(_Strict):
     name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$", description="Policy id: lower-case letters, digits, - and _.")
     model: ModelConfig
@@ -100,6 +122,7 @@ class PolicyConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> "PolicyConfig":
@@ -278,6 +301,33 @@ class LauncherConfig(_Strict):
     host: str = Field("127.0.0.1", description="Interface the services bind (loopback by default).")
 
 
+class KubernetesConfig(_Strict):
+    """MWRA's kubernetes backend (`mutualrl controller`)."""
+
+    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Namespace the policy gangs run in.")
+    image: str = Field("ghcr.io/mutualrl/mutualrl:0.1.0-cuda", description="Image of the rollout and learner pods.")
+    gang: Literal["auto", "kueue", "kai", "volcano", "native", "mwra"] = Field(
+        "auto", description="Gang backend; auto discovers the served API groups in the order kueue, kai, volcano, native, else MWRA's own admission.")
+    queue: str = Field("mutualrl", description="Kueue LocalQueue / KAI or Volcano queue name.")
+    admission_timeout_s: float = Field(600.0, gt=0, description="mwra gang backend: evict and requeue a gang not running within this time.")
+    redis_url: Optional[str] = Field(None, description="Broker URL the pods use (the Helm chart sets it).")
+    weights_claim: Optional[str] = Field(None, description="ReadWriteMany PVC mounted at /weights in every pod.")
+    hmac_secret: Optional[str] = Field(None, description="Secret with key `hmac-key`, exposed to pods as MUTUALRL_HMAC_KEY.")
+
+
+class MwraConfig(_Strict):
+    """Multi-Worker Resource Allocation: how many GPUs each policy and role gets."""
+
+    backend: Literal["local", "kubernetes"] = Field("local", description="local: `mutualrl up` on this host; kubernetes: `mutualrl controller` creates the gangs.")
+    gpus: Optional[int] = Field(None, ge=1, description="GPUs to plan; None = the GPUs torch sees on this host (local) or the cluster's allocatable (kubernetes).")
+    node_gpus: int = Field(8, ge=1, description="GPUs per node when gpus is given (the local host is one node).")
+    min_gain: float = Field(0.10, ge=0, lt=1, description="Re-plan only when the predicted step is more than this much faster...")
+    move_cost_s: float = Field(120.0, ge=0, description="...and the seconds saved over the remaining steps exceed this cost of moving.")
+    ema_alpha: float = Field(0.2, gt=0, le=1, description="Weight of the newest measured step in the cost average.")
+    gpu_flops: float = Field(400e12, gt=0, description="Peak bf16 FLOP/s of one GPU, for seeding step costs before any are measured.")
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = 0
@@ -291,6 +341,7 @@ class ExperimentConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    mwra: MwraConfig = Field(default_factory=MwraConfig)
 
     @field_validator("policies")
     @classmethod

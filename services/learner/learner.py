@@ -189,6 +189,7 @@ class Learner:
         t0 = time.monotonic()
         expected = len(problems) * self.s.group_size
         own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s)
+        stages = {"wait": time.monotonic() - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
         if not own:
             return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
         own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))
@@ -240,6 +241,7 @@ class Learner:
         src_mean_all = torch.tensor(rows.source_mean_logp)
         pad = self.tok.pad_token_id
         self.model.train()
+        t_train = time.monotonic()
         per_mb: list[dict] = []
         losses: list[float] = []
         grad_norms: list[float] = []
@@ -251,8 +253,10 @@ class Learner:
             dev = logp.device
             ref_logp = None
             if a.kl_coef > 0 and self.ref_model is not None:
+                t_ref = time.monotonic()
                 with torch.no_grad():
                     ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=pad)
+                stages["logprob"] += time.monotonic() - t_ref
             out = self.objective.loss(
                 logp=logp,
                 old_logp=right_aligned(rows.old_logp[sl], T).to(dev),
@@ -281,14 +285,17 @@ class Learner:
             grad_norms.append(gn)
             per_mb.append(mb_metrics)
 
+        stages["train"] = time.monotonic() - t_train - stages["logprob"]
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)
         self._to_ack = [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
         self.last_used = {"own": [r.envelope.message_id for r in own], "peer": [r.envelope.message_id for r in intake.used]}
         if commit:
             self.commit()
         self.version += 1
+        t_sync = time.monotonic()
         uri, checksum = self.store.put(self.policy, self.version, self.model.state_dict(), model_config=self.model.config if self.store.root else None)
         self.ex.publish(pb.WeightsPublished(policy=self.policy, version=self.version, uri=uri, step=step, checksum=checksum), self.policy, self.version)
+        stages["weight_sync"] = time.monotonic() - t_sync
 
         for k, v in intake.rejected.items():
             self.totals[f"rejected_{k}"] += v
@@ -324,6 +331,8 @@ class Learner:
             "sgt_nll": metrics.pop("sgt_nll", None),
             "ratio_mean": metrics.pop("ratio_mean", None),
             "train_s": time.monotonic() - t0,
+            "stage_seconds": stages,
+            "tokens": int(sum(len(c) for c in rows.completion_ids)),
         }
         for k, v in metrics.items():
             record.setdefault(k, v)

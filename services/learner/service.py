@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from mutualrl.runtime.stage_metrics import StageMetrics
+
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
@@ -84,6 +86,7 @@ def run_learner_service(args: ServiceArgs) -> int:
         "skipped": Counter("mutualrl_steps_skipped", "Steps with no own rollouts before the deadline.", ["policy"], registry=registry),
     }
     registry.register(SeeCollector(ctx.exchange))
+    stage_metrics = StageMetrics(registry, p.name, "learner")
     status = {"step": start - 1}
 
     def peer_lag() -> int:
@@ -112,7 +115,10 @@ def run_learner_service(args: ServiceArgs) -> int:
             rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
             _save_state(state_path, {"learner": learner.state_dict(), "step": step, "rng": rng, "ledger": ledger})
             learner.commit()
-            ctx.exchange.publish(pb.Heartbeat(role="learner", step=step, version=learner.version, status="ok"), f"{p.name}.learner")
+            stages = {k: v for k, v in (rec.get("stage_seconds") or {}).items() if k != "wait"}
+            stage_metrics.observe(stages, rec.get("tokens", 0))
+            ctx.exchange.publish(pb.Heartbeat(role="learner", step=step, version=learner.version, status="ok",
+                                              stage_seconds=stages, tokens=rec.get("tokens", 0)), f"{p.name}.learner")
             status["step"] = step
             rec["step_s"] = rec.pop("train_s", 0.0)
             rec["wall_time"] = time.time()

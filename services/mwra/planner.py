@@ -53,8 +53,10 @@ class PolicyDemand:
             raise PlanningError(f"policy {self.name!r}: step_gpu_seconds must be a positive number, got {self.step_gpu_seconds}")
         if not 0.0 <= self.generate_fraction <= 1.0:
             raise PlanningError(f"policy {self.name!r}: generate_fraction must be in [0, 1], got {self.generate_fraction}")
-        if min(self.rollout_tp, self.rollout_min_replicas, self.learner_min_gpus, self.granularity) < 1:
-            raise PlanningError(f"policy {self.name!r}: rollout_tp, rollout_min_replicas, learner_min_gpus and granularity must be >= 1")
+        if min(self.rollout_tp, self.learner_min_gpus, self.granularity) < 1 or self.rollout_min_replicas < 0:
+            raise PlanningError(f"policy {self.name!r}: rollout_tp, learner_min_gpus and granularity must be >= 1, rollout_min_replicas >= 0")
+        if self.rollout_min_replicas == 0 and self.generate_fraction > 0:
+            raise PlanningError(f"policy {self.name!r}: without rollout replicas nothing generates (generate_fraction must be 0)")
         if not 0.0 < self.scaling_efficiency <= 1.0:
             raise PlanningError(f"policy {self.name!r}: scaling_efficiency must be in (0, 1], got {self.scaling_efficiency}")
         if self.max_gpus is not None and self.max_gpus < self.min_gang:
@@ -146,7 +148,7 @@ def speed(gpus: int, efficiency: float) -> float:
 def role_times(d: PolicyDemand, rollout: int, learner: int, cost_scale: float = 1.0) -> tuple[float, float]:
     """(generation seconds, training seconds) of one step on this split."""
     w = d.step_gpu_seconds * cost_scale
-    gen = d.generate_fraction * w / speed(rollout, d.scaling_efficiency) if d.generate_fraction > 0 else 0.0
+    gen = (d.generate_fraction * w / speed(rollout, d.scaling_efficiency) if rollout > 0 else math.inf) if d.generate_fraction > 0 else 0.0
     train = (1.0 - d.generate_fraction) * w / speed(learner, d.scaling_efficiency) if d.generate_fraction < 1 else 0.0
     return gen, train
 

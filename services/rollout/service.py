@@ -12,6 +12,8 @@ import json
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from mutualrl.runtime.stage_metrics import StageMetrics
+
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.policy_setup import prepare_policy
@@ -40,6 +42,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
     shared_out_c = Counter("mutualrl_shared_out", "Verified successes published for peers.", ["policy"], registry=registry)
     lag_g = Gauge("mutualrl_staleness_steps", "Steps between the learner's last step and the weights served.", ["policy", "role"], registry=registry)
     registry.register(SeeCollector(ctx.exchange))
+    stage_metrics = StageMetrics(registry, p.name, "rollout")
     state = {"step": 0}
 
     def health() -> dict:
@@ -72,7 +75,10 @@ def run_rollout_service(args: ServiceArgs) -> int:
             ledger.flush()
             rollouts_c.labels(p.name).inc(res.published)
             shared_out_c.labels(p.name).inc(res.successes_published)
-            ctx.exchange.publish(pb.Heartbeat(role="rollout", step=step, version=engine.info().weights_version, status="ok"), f"{p.name}.rollout")
+            stages = {"generate": res.generate_s}
+            stage_metrics.observe(stages, res.tokens)
+            ctx.exchange.publish(pb.Heartbeat(role="rollout", step=step, version=engine.info().weights_version, status="ok",
+                                              stage_seconds=stages, tokens=res.tokens), f"{p.name}.rollout")
             state["step"] = step
             step_g.labels(p.name, "rollout").set(step)
             lag_g.labels(p.name, "rollout").set(max(0, step - 1 - engine.info().weights_version))

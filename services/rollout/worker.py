@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ class StepRollouts:
     published: int = 0
     successes_published: int = 0
     message_ids: list[str] = field(default_factory=list)  # the Rollout messages published (a service's ledger)
+    generate_s: float = 0.0  # engine time of the step's generation (MWRA's measured cost)
+    tokens: int = 0  # completion tokens generated
 
     @property
     def reward_mean(self) -> float:
@@ -70,8 +73,10 @@ class RolloutWorker:
     def run_step(self, step: int, problems: list[Problem]) -> StepRollouts:
         version = self.engine.info().weights_version
         prompt_ids = [encode_prompt(self.tok, p.prompt, self.chat_template) for p in problems]
+        t0 = time.monotonic()
         groups = self.engine.generate(prompt_ids, self._spec(step))
-        result = StepRollouts(step)
+        result = StepRollouts(step, generate_s=time.monotonic() - t0)
+        result.tokens = sum(len(s.token_ids) for group in groups for s in group)
         G = self.sampling.n
         flat = [s for group in groups for s in group]
         all_texts = self.tok.batch_decode([s.token_ids for s in flat], skip_special_tokens=True, clean_up_tokenization_spaces=False)

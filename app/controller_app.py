@@ -1,0 +1,55 @@
+"""`mutualrl controller`: the MWRA control API over a backend, with a reconcile loop beside it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from mutualrl.services.mwra.api import create_app, read_token
+from mutualrl.services.mwra.backends.base import Backend, InMemoryBackend
+from mutualrl.services.mwra.controller import Controller
+from mutualrl.services.mwra.planner import Node
+
+
+def build_backend(kind: str, gpus: int, node_gpus: int, namespace: str, gang: str, kubeconfig: str | None, admission_timeout_s: float):
+    """(backend, leader election or None)."""
+    if kind == "memory":
+        full, rest = divmod(gpus, node_gpus)
+        nodes = [Node(f"node-{i}", node_gpus) for i in range(full)] + ([Node(f"node-{full}", rest)] if rest else [])
+        return InMemoryBackend(nodes), None
+    from kubernetes import client, config
+
+    from mutualrl.services.mwra.backends.kubernetes import KubernetesBackend, LeaderElection
+
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    api = client.ApiClient()
+    return KubernetesBackend(api, namespace, gang=gang, admission_timeout_s=admission_timeout_s), LeaderElection(api, namespace)
+
+
+def reconcile_forever(controller: Controller, every_s: float, stop: threading.Event, log=print) -> None:
+    while not stop.is_set():
+        try:
+            controller.tick()
+        except Exception as e:  # noqa: BLE001 - a failed reconcile is retried on the next tick, never fatal
+            log(f"reconcile failed: {type(e).__name__}: {e}")
+        stop.wait(every_s)
+
+
+def serve_controller(backend: Backend, leader, host: str, port: int, every_s: float = 5.0, **controller_kwargs) -> None:
+    import uvicorn
+
+    token = read_token()
+    controller = Controller(backend, leader=leader, **controller_kwargs)
+    stop = threading.Event()
+    threading.Thread(target=reconcile_forever, args=(controller, every_s, stop), daemon=True).start()
+    try:
+        uvicorn.run(create_app(controller, token), host=host, port=port, log_level="warning")
+    finally:
+        stop.set()
+        time.sleep(0)

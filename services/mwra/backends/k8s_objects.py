@@ -1,0 +1,187 @@
+"""The Kubernetes objects of one policy gang, as plain dicts (pure functions, no client).
+
+Per policy: one pod per rollout replica and one per learner piece, each with ``nvidia.com/gpu``
+limits, a headless Service per role, labels ``mutualrl.io/{run,policy,role,plan-generation}``,
+and an owner reference to the run's ConfigMap (which holds the experiment file), so deleting the
+run deletes everything. The gang backend adds its own grouping:
+
+- ``kueue``: plain pods in a pod group (``kueue.x-k8s.io/queue-name`` and ``pod-group-name``
+  labels, ``pod-group-total-count`` annotation);
+- ``kai``: a ``scheduling.run.ai/v2alpha2`` PodGroup, pods on ``kai-scheduler`` with the queue label;
+- ``volcano``: a ``scheduling.volcano.sh/v1beta1`` PodGroup, pods on ``volcano`` with the
+  ``scheduling.k8s.io/group-name`` annotation;
+- ``native``: Kubernetes' own gang scheduling — ``scheduling.k8s.io/v1alpha2`` PodGroup with
+  ``spec.schedulingGroup`` on pods where served, else the v1alpha1 Workload with ``spec.workloadRef``;
+- ``mwra``: no grouping object; the controller admits a gang only when it fits the free GPUs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from mutualrl.services.mwra.backends.base import RunSpec
+from mutualrl.services.mwra.planner import Allocation
+
+GANG_BACKENDS = ("kueue", "kai", "volcano", "native", "mwra")
+ROLE_PORTS = {"rollout": [("grpc", 50051), ("ops", 9000)], "learner": [("ops", 9000)]}
+GROUP_VERSIONS = {
+    "kueue": ("kueue.x-k8s.io", "v1beta1"),
+    "kai": ("scheduling.run.ai", "v2alpha2"),
+    "volcano": ("scheduling.volcano.sh", "v1beta1"),
+    "native": ("scheduling.k8s.io", "v1alpha2"),
+    "native-workload": ("scheduling.k8s.io", "v1alpha1"),
+}
+
+
+def dns_name(*parts: str) -> str:
+    """A DNS-1123 label (63 characters at most) from the parts."""
+    s = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    return s[:63].rstrip("-")
+
+
+def labels(spec: RunSpec, policy: str, role: str | None, generation: int) -> dict[str, str]:
+    out = {"app.kubernetes.io/name": "mutualrl", "app.kubernetes.io/managed-by": "mutualrl-mwra",
+           "mutualrl.io/run": spec.run, "mutualrl.io/policy": policy, "mutualrl.io/plan-generation": str(generation)}
+    if role:
+        out["mutualrl.io/role"] = role
+    return out
+
+
+def owner_reference(config_map: dict) -> dict:
+    meta = config_map["metadata"]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "name": meta["name"], "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def config_map(spec: RunSpec) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": dns_name(spec.run, "config"), "namespace": spec.namespace,
+                     "labels": {"app.kubernetes.io/name": "mutualrl", "app.kubernetes.io/managed-by": "mutualrl-mwra", "mutualrl.io/run": spec.run}},
+        "data": {"config.yaml": spec.config_yaml},
+    }
+
+
+def gang_name(spec: RunSpec, policy: str, generation: int) -> str:
+    return dns_name(spec.run, policy, f"g{generation}")
+
+
+def members(alloc: Allocation) -> list[tuple[str, int, int, str]]:
+    """(role, index, gpus, node) per pod: one per rollout replica and one per learner piece."""
+    return [(p.role, p.replica, p.gpus, p.node) for p in sorted(alloc.placements, key=lambda p: (p.role != "rollout", p.replica))]
+
+
+def _command(spec: RunSpec, policy: str, role: str) -> list[str]:
+    argv = ["mutualrl", "serve", role, "--config", "/etc/mutualrl/config.yaml", "--policy", policy, "--namespace", spec.run,
+            "--redis", "$(MUTUALRL_REDIS_URL)", "--weights", "/weights", "--out", "/data", "--ops-port", "9000"]
+    if role == "rollout":
+        argv += ["--grpc-port", "50051"]
+    return argv
+
+
+def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, generation: int, gang: str, backend: str, owner: dict, node: str = "") -> dict:
+    res = spec.resources.get(alloc.policy, {})
+    meta_labels = labels(spec, alloc.policy, role, generation)
+    annotations: dict[str, str] = {}
+    pod_spec: dict = {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": role,
+            "image": spec.image,
+            "command": _command(spec, alloc.policy, role),
+            "env": [
+                {"name": "MUTUALRL_REDIS_URL", "value": spec.redis_url or "redis://redis:6379/0"},
+                {"name": "MUTUALRL_POLICY", "value": alloc.policy},
+                {"name": "MUTUALRL_ROLE", "value": role},
+                *([{"name": "MUTUALRL_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": spec.hmac_secret, "key": "hmac-key"}}}] if spec.hmac_secret else []),
+            ],
+            "ports": [{"name": n, "containerPort": p} for n, p in ROLE_PORTS[role]],
+            "resources": {
+                "requests": {"cpu": str(res.get("cpu", 4)), "memory": str(res.get("memory", "16Gi")), "nvidia.com/gpu": str(gpus)},
+                "limits": {"memory": str(res.get("memory", "16Gi")), "nvidia.com/gpu": str(gpus)},
+            },
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 10},
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 20, "failureThreshold": 6},
+            "startupProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 10, "failureThreshold": 90},
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/mutualrl", "readOnly": True}, {"name": "weights", "mountPath": "/weights"},
+                             {"name": "data", "mountPath": "/data"}],
+        }],
+        "volumes": [
+            {"name": "config", "configMap": {"name": owner["name"]}},
+            {"name": "weights", **({"persistentVolumeClaim": {"claimName": spec.weights_claim}} if spec.weights_claim else {"emptyDir": {}})},
+            {"name": "data", "emptyDir": {}},
+        ],
+        "subdomain": dns_name(spec.run, alloc.policy, role),
+        "hostname": dns_name(role, str(index)),
+    }
+    total = len(members(alloc))
+    if backend == "kueue":
+        meta_labels["kueue.x-k8s.io/queue-name"] = spec.queue
+        meta_labels["kueue.x-k8s.io/pod-group-name"] = gang
+        annotations["kueue.x-k8s.io/pod-group-total-count"] = str(total)
+    elif backend == "kai":
+        meta_labels["kai.scheduler/queue"] = spec.queue
+        annotations["pod-group-name"] = gang
+        pod_spec["schedulerName"] = "kai-scheduler"
+    elif backend == "volcano":
+        annotations["scheduling.k8s.io/group-name"] = gang
+        pod_spec["schedulerName"] = "volcano"
+    elif backend == "native":
+        pod_spec["schedulingGroup"] = {"podGroupName": gang}
+    elif backend == "native-workload":
+        pod_spec["workloadRef"] = {"name": gang, "podGroup": "gang"}
+    elif backend == "mwra" and node:
+        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}  # MWRA admitted it onto this node
+    meta = {"name": dns_name(spec.run, alloc.policy, role, str(index)), "namespace": spec.namespace, "labels": meta_labels,
+            "ownerReferences": [owner]}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def headless_service(spec: RunSpec, policy: str, role: str, generation: int, owner: dict) -> dict:
+    sel = {"mutualrl.io/run": spec.run, "mutualrl.io/policy": policy, "mutualrl.io/role": role}
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": dns_name(spec.run, policy, role), "namespace": spec.namespace, "labels": labels(spec, policy, role, generation),
+                     "ownerReferences": [owner]},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": sel,
+                 "ports": [{"name": n, "port": p, "targetPort": n} for n, p in ROLE_PORTS[role]]},
+    }
+
+
+def group_object(spec: RunSpec, alloc: Allocation, generation: int, gang: str, backend: str, owner: dict) -> dict | None:
+    """The backend's grouping object, or None where the grouping lives on the pods alone."""
+    total = len(members(alloc))
+    gpus = sum(m[2] for m in members(alloc))
+    meta = {"name": gang, "namespace": spec.namespace, "labels": labels(spec, alloc.policy, None, generation), "ownerReferences": [owner]}
+    if backend == "kai":
+        g, v = GROUP_VERSIONS["kai"]
+        return {"apiVersion": f"{g}/{v}", "kind": "PodGroup", "metadata": meta, "spec": {"minMember": total, "queue": spec.queue}}
+    if backend == "volcano":
+        g, v = GROUP_VERSIONS["volcano"]
+        return {"apiVersion": f"{g}/{v}", "kind": "PodGroup", "metadata": meta,
+                "spec": {"minMember": total, "queue": spec.queue, "minResources": {"nvidia.com/gpu": str(gpus)}}}
+    if backend == "native":
+        g, v = GROUP_VERSIONS["native"]
+        return {"apiVersion": f"{g}/{v}", "kind": "PodGroup", "metadata": meta, "spec": {"schedulingPolicy": {"gang": {"minCount": total}}}}
+    if backend == "native-workload":
+        g, v = GROUP_VERSIONS["native-workload"]
+        return {"apiVersion": f"{g}/{v}", "kind": "Workload", "metadata": meta,
+                "spec": {"podGroups": [{"name": "gang", "policy": {"gang": {"minCount": total}}}]}}
+    return None
+
+
+def gang_objects(spec: RunSpec, alloc: Allocation, generation: int, backend: str, owner: dict) -> list[dict]:
+    """Everything one policy's gang needs, grouping object first (pods refer to it)."""
+    if backend not in (*GANG_BACKENDS, "native-workload"):
+        raise ValueError(f"unknown gang backend {backend!r}; known: {', '.join(GANG_BACKENDS)}")
+    gang = gang_name(spec, alloc.policy, generation)
+    out = []
+    group = group_object(spec, alloc, generation, gang, backend, owner)
+    if group is not None:
+        out.append(group)
+    out += [headless_service(spec, alloc.policy, role, generation, owner) for role in ("rollout", "learner")]
+    out += [pod(spec, alloc, role, i, g, generation, gang, backend, owner, node) for role, i, g, node in members(alloc)]
+    return out

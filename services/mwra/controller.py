@@ -1,0 +1,171 @@
+"""The MWRA controller: experiments in, plans out, through one backend.
+
+Every experiment is planned on the GPUs the backend reports minus what other experiments hold;
+its gangs are applied whole. Measured step stages (reported by the services) replace the seeded
+costs; a re-plan happens only when it pays (``planner.decide_replan``), at once when a node is
+lost. Only the controller holding the Lease acts; the others answer reads and wait.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from mutualrl.config import ExperimentConfig
+from mutualrl.services.mwra.backends.base import Backend, BackendEvent, RunSpec
+from mutualrl.services.mwra.demands import demands_from_config
+from mutualrl.services.mwra.metrics import MwraMetrics
+from mutualrl.services.mwra.planner import MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, decide_replan, make_plan
+
+
+@dataclass
+class Experiment:
+    id: str
+    config: ExperimentConfig
+    yaml: str
+    spec: RunSpec
+    demands: list[PolicyDemand]
+    plan: Plan
+    status: str = "running"  # running | stopped
+    created: float = field(default_factory=time.time)
+    measured: MeasuredCosts = field(default_factory=MeasuredCosts)
+    steps: dict[str, int] = field(default_factory=dict)  # policy -> newest reported step
+    pending: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)  # (policy, step) -> stage seconds
+    history: list[dict] = field(default_factory=list)  # plan generations with their reasons
+
+    @property
+    def remaining_steps(self) -> int:
+        return max(0, self.config.budget.steps - min(self.steps.get(p.name, 0) for p in self.config.policies))
+
+
+class Controller:
+    def __init__(self, backend: Backend, registry: CollectorRegistry | None = None, leader=None, min_gain: float = 0.10,
+                 move_cost_s: float = 120.0, ema_alpha: float = 0.2):
+        self.backend = backend
+        self.registry = registry or CollectorRegistry()
+        self.metrics = MwraMetrics(self.registry)
+        self.leader = leader
+        self.min_gain, self.move_cost_s, self.ema_alpha = min_gain, move_cost_s, ema_alpha
+        self.experiments: dict[str, Experiment] = {}
+        self.lock = threading.RLock()
+        self.leading = leader is None
+
+    # ---- planning ------------------------------------------------------------------------------
+    def _free_nodes(self, excluding: str | None = None) -> list[Node]:
+        held: dict[str, int] = {}
+        for e in self.experiments.values():
+            if e.id == excluding or e.status != "running":
+                continue
+            for a in e.plan.allocations.values():
+                for p in a.placements:
+                    held[p.node] = held.get(p.node, 0) + p.gpus
+        nodes = [Node(n.name, n.gpus - held.get(n.name, 0)) for n in self.backend.nodes()]
+        return [n for n in nodes if n.gpus > 0]
+
+    def dry_run(self, cfg: ExperimentConfig) -> Plan:
+        nodes = self._free_nodes()
+        if not nodes:
+            raise PlanningError("no free GPUs in the cluster")
+        return make_plan(demands_from_config(cfg), nodes)
+
+    def submit(self, cfg: ExperimentConfig, yaml_text: str) -> Experiment:
+        with self.lock:
+            plan = self.dry_run(cfg)
+            k = cfg.mwra.kubernetes
+            exp_id = f"{cfg.name.lower().replace('_', '-').replace('.', '-')[:40]}-{uuid.uuid4().hex[:6]}"
+            spec = RunSpec(exp_id, yaml_text, k.namespace, k.image, k.queue, k.redis_url, k.weights_claim, k.hmac_secret,
+                           {p.name: {"cpu": p.resources.cpu, "memory": p.resources.memory} for p in cfg.policies})
+            exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=self.ema_alpha))
+            self.backend.apply(spec, plan)
+            self.experiments[exp_id] = exp
+            self._record(exp, plan, "initial")
+            return exp
+
+    def _record(self, exp: Experiment, plan: Plan, reason: str) -> None:
+        exp.plan = plan
+        exp.history.append({"generation": plan.generation, "reason": reason, "at": time.time(), "predicted_step_seconds": plan.predicted_step_seconds})
+        self.metrics.replans.labels(reason).inc()
+        self.metrics.show(plan)
+        record = getattr(self.backend, "record_event", None)
+        if record is not None:
+            record(exp.spec, "Planned" if reason == "initial" else "Replanned",
+                   f"generation {plan.generation} ({reason}): " + ", ".join(f"{k} {a.rollout_gpus}+{a.learner_gpus}" for k, a in plan.allocations.items()))
+
+    def replan(self, exp: Experiment, reason: str, force: bool = False) -> bool:
+        demands = exp.measured.apply(exp.demands)
+        try:
+            candidate = make_plan(demands, self._free_nodes(excluding=exp.id), exp.plan.generation + 1, reason)
+        except PlanningError:
+            if not force:
+                return False
+            raise
+        if not force:
+            decision = decide_replan(demands, exp.plan, candidate, exp.remaining_steps, self.move_cost_s, self.min_gain)
+            if not decision.replan:
+                return False
+        self.backend.apply(exp.spec, candidate)
+        self._record(exp, candidate, reason)
+        return True
+
+    # ---- measurements --------------------------------------------------------------------------
+    def report_step(self, exp_id: str, policy: str, role: str, step: int, stage_seconds: dict[str, float]) -> bool:
+        """A service's stage times for one step; once both roles reported, it is a measurement.
+        Returns whether the plan changed."""
+        with self.lock:
+            exp = self.experiments[exp_id]
+            if policy not in exp.plan.allocations:
+                raise KeyError(policy)
+            part = exp.pending.setdefault((policy, step), {})
+            part.update({f"{role}:{k}": float(v) for k, v in stage_seconds.items()})
+            exp.steps[policy] = max(exp.steps.get(policy, 0), step)
+            if not any(k.startswith("rollout:") for k in part) or not any(k.startswith("learner:") for k in part):
+                return False
+            exp.pending.pop((policy, step))
+            gen = sum(v for k, v in part.items() if k.startswith("rollout:"))
+            train = sum(v for k, v in part.items() if k.startswith("learner:") and not k.endswith(":weight_sync"))
+            a = exp.plan.allocations[policy]
+            demand = next(d for d in exp.demands if d.name == policy)
+            exp.measured.observe(demand, a.rollout_gpus, a.learner_gpus, gen, train)
+            if len(exp.measured.values) < len(exp.demands) or exp.status != "running":
+                return False
+            measured_before = any(h["reason"] != "initial" for h in exp.history)
+            return self.replan(exp, "cost_drift" if measured_before else "measured")
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def stop(self, exp_id: str) -> Experiment:
+        with self.lock:
+            exp = self.experiments[exp_id]
+            if exp.status == "running":
+                self.backend.delete(exp.spec.run)
+                exp.status = "stopped"
+            return exp
+
+    def is_leader(self) -> bool:
+        self.leading = self.leader is None or self.leader.try_acquire()
+        return self.leading
+
+    def tick(self) -> list[BackendEvent]:
+        """One reconcile: only the leader acts."""
+        if not self.is_leader():
+            return []
+        with self.lock:
+            events = self.backend.poll()
+            for ev in events:
+                if ev.kind == "gang_admitted":
+                    self.metrics.admission_wait.observe(ev.seconds)
+                elif ev.kind == "gang_evicted":
+                    self.metrics.evictions.inc()
+                elif ev.kind == "node_lost":
+                    for exp in self.experiments.values():
+                        if exp.status == "running" and any(p.node == ev.detail for a in exp.plan.allocations.values() for p in a.placements):
+                            self.replan(exp, "node_lost", force=True)
+            return events
+
+    def view(self, exp: Experiment) -> dict:
+        return {"id": exp.id, "name": exp.config.name, "status": exp.status, "created": exp.created, "policies": [p.name for p in exp.config.policies],
+                "plan_generation": exp.plan.generation, "remaining_steps": exp.remaining_steps, "steps": dict(exp.steps), "history": exp.history}
+
