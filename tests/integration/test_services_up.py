@@ -106,6 +106,9 @@ def test_killed_learner_is_restarted_and_resumes_without_losing_or_double_counti
     finally:
         proc.kill()
     assert proc.returncode == 0, output[-3000:]
+    # MWRA's local plan is printed and followed: a CPU host shares its cores between the policies
+    assert "[up] plan (cpu" in output and "llama-char.learner: cpu" in output
+    assert json.loads((out / "plan.json").read_text())["services"]["llama-char.learner"]["MUTUALRL_TORCH_THREADS"] >= "1"
     assert "llama-char.learner exited with -9; restarting" in output
     assert "resumed" in (out / "logs" / "llama-char.learner.log").read_text()
     ledger, published = _ledgers(out, "llama-char")

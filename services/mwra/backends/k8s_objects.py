@@ -10,8 +10,9 @@ run deletes everything. The gang backend adds its own grouping:
 - ``kai``: a ``scheduling.run.ai/v2alpha2`` PodGroup, pods on ``kai-scheduler`` with the queue label;
 - ``volcano``: a ``scheduling.volcano.sh/v1beta1`` PodGroup, pods on ``volcano`` with the
   ``scheduling.k8s.io/group-name`` annotation;
-- ``native``: Kubernetes' own gang scheduling — ``scheduling.k8s.io/v1alpha2`` PodGroup with
-  ``spec.schedulingGroup`` on pods where served, else the v1alpha1 Workload with ``spec.workloadRef``;
+- ``native``: Kubernetes' own gang scheduling — a ``scheduling.k8s.io/v1alpha2`` PodGroup and
+  ``spec.schedulingGroup`` on the pods (1.36+; 1.35's v1alpha1 ``workloadRef`` is gone from the
+  current client, so a 1.35 cluster falls back to MWRA's own admission);
 - ``mwra``: no grouping object; the controller admits a gang only when it fits the free GPUs.
 """
 
@@ -29,7 +30,6 @@ GROUP_VERSIONS = {
     "kai": ("scheduling.run.ai", "v2alpha2"),
     "volcano": ("scheduling.volcano.sh", "v1beta1"),
     "native": ("scheduling.k8s.io", "v1alpha2"),
-    "native-workload": ("scheduling.k8s.io", "v1alpha1"),
 }
 
 
@@ -129,8 +129,6 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
         pod_spec["schedulerName"] = "volcano"
     elif backend == "native":
         pod_spec["schedulingGroup"] = {"podGroupName": gang}
-    elif backend == "native-workload":
-        pod_spec["workloadRef"] = {"name": gang, "podGroup": "gang"}
     elif backend == "mwra" and node:
         pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}  # MWRA admitted it onto this node
     meta = {"name": dns_name(spec.run, alloc.policy, role, str(index)), "namespace": spec.namespace, "labels": meta_labels,
@@ -166,16 +164,12 @@ def group_object(spec: RunSpec, alloc: Allocation, generation: int, gang: str, b
     if backend == "native":
         g, v = GROUP_VERSIONS["native"]
         return {"apiVersion": f"{g}/{v}", "kind": "PodGroup", "metadata": meta, "spec": {"schedulingPolicy": {"gang": {"minCount": total}}}}
-    if backend == "native-workload":
-        g, v = GROUP_VERSIONS["native-workload"]
-        return {"apiVersion": f"{g}/{v}", "kind": "Workload", "metadata": meta,
-                "spec": {"podGroups": [{"name": "gang", "policy": {"gang": {"minCount": total}}}]}}
     return None
 
 
 def gang_objects(spec: RunSpec, alloc: Allocation, generation: int, backend: str, owner: dict) -> list[dict]:
     """Everything one policy's gang needs, grouping object first (pods refer to it)."""
-    if backend not in (*GANG_BACKENDS, "native-workload"):
+    if backend not in GANG_BACKENDS:
         raise ValueError(f"unknown gang backend {backend!r}; known: {', '.join(GANG_BACKENDS)}")
     gang = gang_name(spec, alloc.policy, generation)
     out = []

@@ -46,12 +46,12 @@ def discover_gang_backend(api: client.ApiClient) -> str:
         "kueue": [("kueue.x-k8s.io", "v1beta1", "workloads")],
         "kai": [("scheduling.run.ai", "v2alpha2", "podgroups")],
         "volcano": [("scheduling.volcano.sh", "v1beta1", "podgroups")],
-        "native": [("scheduling.k8s.io", "v1alpha2", "podgroups"), ("scheduling.k8s.io", "v1alpha1", "workloads")],
+        "native": [("scheduling.k8s.io", "v1alpha2", "podgroups")],
     }
     for name in DISCOVERY_ORDER:
         for group, version, resource in probes[name]:
             if _served(api, group, version, resource):
-                return "native-workload" if (name == "native" and version == "v1alpha1") else name
+                return name
     return "mwra"
 
 
@@ -169,7 +169,7 @@ class KubernetesBackend(Backend):
         if kind == "ConfigMap":
             return self.api.sanitize_for_serialization(self.core.create_namespaced_config_map(ns, obj))
         group, version = obj["apiVersion"].split("/")
-        plural = {"PodGroup": "podgroups", "Workload": "workloads"}[kind]
+        plural = {"PodGroup": "podgroups"}[kind]
         return self.custom.create_namespaced_custom_object(group, version, ns, plural, obj) or obj
 
     def _delete(self, obj: dict) -> None:
@@ -183,7 +183,7 @@ class KubernetesBackend(Backend):
                 self.core.delete_namespaced_config_map(name, ns)
             else:
                 group, version = obj["apiVersion"].split("/")
-                self.custom.delete_namespaced_custom_object(group, version, ns, {"PodGroup": "podgroups", "Workload": "workloads"}[kind], name)
+                self.custom.delete_namespaced_custom_object(group, version, ns, {"PodGroup": "podgroups"}[kind], name)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -214,11 +214,6 @@ class KubernetesBackend(Backend):
         except ApiException as e:  # an event is a record, never a reason to fail a reconcile
             log.warning("event not recorded: %s", e.reason)
 
-    def _free_gpus(self, nodes: list[Node], excluding_run: str) -> int:
-        held = sum(int(g.get("spec", {}).get("containers", [{}])[0].get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
-                   for g in self.pods.values() if g["metadata"]["labels"].get("mutualrl.io/run") != excluding_run)
-        return sum(n.gpus for n in nodes) - held
-
     # ---- the interface -------------------------------------------------------------------------
     def apply(self, spec: RunSpec, plan: Plan) -> None:
         state = self.runs.get(spec.run)
@@ -239,7 +234,7 @@ class KubernetesBackend(Backend):
     def _admit(self, gang: _Gang) -> None:
         if self.gang == "mwra":
             need = sum(int(o["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for o in gang.objects if o["kind"] == "Pod")
-            if need > self._free_gpus(self.nodes(), gang.spec.run) - self._held_by(gang.spec.run, exclude=gang.policy):
+            if need > sum(n.gpus for n in self.nodes()) - self._held(exclude=gang):
                 gang.queued = True  # all or nothing: wait for room instead of starting a part
                 return
         gang.queued = False
@@ -252,12 +247,11 @@ class KubernetesBackend(Backend):
                     raise
         self.record_event(gang.spec, "GangCreated", f"{gang.policy}: {sum(1 for o in gang.objects if o['kind'] == 'Pod')} pods, plan generation {gang.generation}, gang backend {self.gang}")
 
-    def _held_by(self, run: str, exclude: str) -> int:
-        state = self.runs.get(run)
-        if state is None:
-            return 0
+    def _held(self, exclude: _Gang) -> int:
+        """GPUs of every gang this controller has started (queued ones hold nothing)."""
         return sum(int(o["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
-                   for g in state.gangs.values() if g.policy != exclude and not g.queued for o in g.objects if o["kind"] == "Pod")
+                   for state in self.runs.values() for g in state.gangs.values() if g is not exclude and not g.queued
+                   for o in g.objects if o["kind"] == "Pod")
 
     def _delete_gang(self, gang: _Gang) -> None:
         for obj in reversed(gang.objects):

@@ -1,0 +1,149 @@
+"""MWRA's Kubernetes backend over real HTTP against kmock, with the official client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from mutualrl.services.mwra.backends.base import RunSpec
+from mutualrl.services.mwra.backends.kubernetes import KubernetesBackend, LeaderElection, discover_gang_backend
+from mutualrl.services.mwra.controller import Controller
+from mutualrl.services.mwra.planner import PolicyDemand, make_plan
+
+from mwra_kmock import Cluster
+
+NS = "ml"
+CRD_SCHEMAS = json.loads((Path(__file__).parent / "crds" / "podgroup-schemas.json").read_text())
+K8S_VERSIONS = ["1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0"]
+DEMANDS = [PolicyDemand("small", 10.0, 0.5), PolicyDemand("big", 40.0, 0.6, rollout_tp=2)]
+
+
+def spec(run="exp-1") -> RunSpec:
+    return RunSpec(run, "name: x\n", NS, "registry.example/mutualrl:0.1.0-cuda", "team-a", "redis://redis:6379/0", "weights", "mutualrl-hmac")
+
+
+def strip_status(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k != "status"}
+
+
+@pytest.mark.parametrize("served", ["kueue", "kai", "volcano", "native", "mwra"])
+def test_each_gang_backend_creates_valid_objects(served):
+    with Cluster(served) as cluster:
+        for i in range(2):
+            cluster.add_node(f"gpu-{i}", 8)
+        api = cluster.api()
+        assert discover_gang_backend(api) == served
+        backend = KubernetesBackend(api, NS)
+        plan = make_plan(DEMANDS, backend.nodes())
+        backend.apply(spec(), plan)
+        created = [o for o in cluster.objects() if o.get("kind") not in ("Node", "Event")]
+        pods = [o for o in created if o["kind"] == "Pod"]
+        assert len(pods) == sum(len(a.placements) for a in plan.allocations.values())
+        assert sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in pods) == plan.allocated_gpus
+        for p in pods:
+            labels = p["metadata"]["labels"]
+            assert {"mutualrl.io/run", "mutualrl.io/policy", "mutualrl.io/role", "mutualrl.io/plan-generation"} <= set(labels)
+            assert p["metadata"]["ownerReferences"][0]["kind"] == "ConfigMap"
+        assert {o["metadata"]["name"] for o in created if o["kind"] == "Service"} == {f"exp-1-{p}-{r}" for p in ("small", "big") for r in ("rollout", "learner")}
+        for obj in created:
+            key = f"{obj['apiVersion']}/{obj['kind']}"
+            if key in CRD_SCHEMAS:
+                jsonschema.validate(obj, CRD_SCHEMAS[key])
+            elif obj["kind"] == "Workload" and served == "kueue":
+                raise AssertionError("MWRA creates no Kueue Workload: Kueue makes it from the pod group")
+            else:
+                # spec.schedulingGroup (native gangs) exists from Kubernetes 1.36
+                versions = ["1.36.0", "1.37.0"] if served == "native" and obj["kind"] == "Pod" else K8S_VERSIONS
+                for v in versions:
+                    kubernetes_validate.validate(strip_status(obj), v, strict=True)
+        group_kinds = {o["kind"] for o in created} - {"Pod", "Service", "ConfigMap"}
+        expected = {"kueue": set(), "kai": {"PodGroup"}, "volcano": {"PodGroup"}, "native": {"PodGroup"}, "mwra": set()}
+        assert group_kinds == expected[served]
+        if served == "kueue":
+            assert all(p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" for p in pods)
+            assert all(p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] for p in pods)
+
+
+def test_a_deleted_or_failed_pod_is_recreated():
+    with Cluster("mwra") as cluster:
+        cluster.add_node("gpu-0", 8)
+        backend = KubernetesBackend(cluster.api(), NS, watch_seconds=0.5)
+        backend.apply(spec(), make_plan(DEMANDS, backend.nodes()))
+        backend.poll()
+        pods = sorted(o["metadata"]["name"] for o in cluster.objects("Pod"))
+        from kubernetes import client
+
+        client.CoreV1Api(cluster.api()).delete_namespaced_pod(pods[0], NS)
+        cluster.set_phase(NS, pods[1], "Failed")
+        events = backend.poll()
+        recreated = sorted(e.detail.split()[0] for e in events if e.kind == "pod_recreated")
+        assert recreated == sorted(pods[:2])
+        assert sorted(o["metadata"]["name"] for o in cluster.objects("Pod")) == pods
+        reasons = {o.get("reason") for o in cluster.objects("Event")}
+        assert {"GangCreated", "PodRecreated"} <= reasons
+
+
+def test_all_pods_running_admits_the_gang_and_records_the_wait():
+    with Cluster("volcano") as cluster:
+        cluster.add_node("gpu-0", 8)
+        backend = KubernetesBackend(cluster.api(), NS, watch_seconds=0.5)
+        backend.apply(spec(), make_plan(DEMANDS, backend.nodes()))
+        for p in cluster.objects("Pod"):
+            cluster.set_phase(NS, p["metadata"]["name"], "Running")
+        admitted = [e for e in backend.poll() if e.kind == "gang_admitted"]
+        assert sorted(e.policy for e in admitted) == ["big", "small"]
+
+
+def test_mwra_admission_waits_for_room_and_evicts_after_the_timeout():
+    clock = [0.0]
+    with Cluster("mwra") as cluster:
+        cluster.add_node("gpu-0", 8)
+        backend = KubernetesBackend(cluster.api(), NS, watch_seconds=0.5, admission_timeout_s=30, clock=lambda: clock[0])
+        backend.apply(spec("first"), make_plan(DEMANDS, backend.nodes()))  # takes all 8 GPUs
+        backend.apply(spec("second"), make_plan([PolicyDemand("late", 1.0)], backend.nodes()))
+        assert not [p for p in cluster.objects("Pod") if p["metadata"]["labels"]["mutualrl.io/run"] == "second"]  # no partial start
+        clock[0] = 31.0
+        events = backend.poll()
+        assert {e.run for e in events if e.kind == "gang_evicted"} == {"first"}  # never ran: evicted, requeued
+        assert not [p for p in cluster.objects("Pod") if p["metadata"]["labels"]["mutualrl.io/run"] == "first"]
+
+
+def test_a_lost_node_triggers_a_replan_on_fewer_gpus():
+    with Cluster("mwra") as cluster:
+        cluster.add_node("gpu-0", 8)
+        cluster.add_node("gpu-1", 8)
+        backend = KubernetesBackend(cluster.api(), NS, watch_seconds=0.5)
+        ctl = Controller(backend)
+        from mutualrl.config import parse_config
+
+        cfg = parse_config((Path(__file__).parents[2] / "examples" / "mwra" / "two-policies-gpu.yaml").read_text(), check_paths=False)
+        exp = ctl.submit(cfg, "name: x\n")
+        used = {p.node for a in exp.plan.allocations.values() for p in a.placements}
+        ctl.tick()
+        cluster.remove_node(sorted(used)[0])
+        events = ctl.tick()
+        assert [e.kind for e in events].count("node_lost") == 1
+        assert exp.plan.generation == 1 and exp.history[-1]["reason"] == "node_lost"
+        assert {p.node for a in exp.plan.allocations.values() for p in a.placements} <= {"gpu-0", "gpu-1"} - {sorted(used)[0]}
+        pods = cluster.objects("Pod")
+        assert pods and all(p["metadata"]["labels"]["mutualrl.io/plan-generation"] == "1" for p in pods)
+
+
+def test_two_controllers_one_acts():
+    with Cluster("mwra") as cluster:
+        cluster.add_node("gpu-0", 8)
+        a = Controller(KubernetesBackend(cluster.api(), NS, watch_seconds=0.3), leader=LeaderElection(cluster.api(), NS, identity="a"))
+        b = Controller(KubernetesBackend(cluster.api(), NS, watch_seconds=0.3), leader=LeaderElection(cluster.api(), NS, identity="b"))
+        a.tick()
+        b.tick()
+        assert a.leading and not b.leading
+        assert a.is_leader() and not b.is_leader()  # renewals keep it
+
+
+def test_a_cluster_serving_only_the_1_35_workload_api_falls_back_to_mwra_admission():
+    with Cluster("native-1.35") as cluster:
+        assert discover_gang_backend(cluster.api()) == "mwra"
