@@ -94,7 +94,7 @@ class WarmStartConfig(_Strict):
 
 
 class ResourcesConfig(_Strict):
-    """What MWRA needs to size this policy's gang (see docs/algorithms.md, "MWRA")."""
+    """What MWRA needs to size this policy's gang (see docs/mwra.md)."""
 
     rollout_tp: int = Field(1, ge=1, le=64, description="Tensor-parallel size of one rollout engine replica (a TP group never spans nodes).")
     rollout_replicas: int = Field(1, ge=1, description="Minimum rollout replicas; MWRA may add more.")

@@ -1,7 +1,7 @@
 """MWRA's planner: how many GPUs each policy and role gets. Pure functions, no I/O.
 
 The fleet moves at the pace of its slowest policy (peers wait for each other within a bounded
-staleness), so the plan minimises the largest predicted step time (docs/algorithms.md, "MWRA"):
+staleness), so the plan minimises the largest predicted step time (docs/mwra.md, "Planning"):
 
 - every policy first gets its minimum gang (rollout TP x replicas + learner GPUs) — all of it or
   the run is refused with one line naming the shortfall, never a partial start;
