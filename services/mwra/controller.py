@@ -96,7 +96,8 @@ class Controller:
                    f"generation {plan.generation} ({reason}): " + ", ".join(f"{k} {a.rollout_gpus}+{a.learner_gpus}" for k, a in plan.allocations.items()))
 
     def replan(self, exp: Experiment, reason: str, force: bool = False) -> bool:
-        demands = exp.measured.apply(exp.demands)
+        # plan for the costs halfway through what is left, at most 25 steps ahead (as simulated)
+        demands = exp.measured.apply(exp.demands, min(25.0, exp.remaining_steps / 2))
         try:
             candidate = make_plan(demands, self._free_nodes(excluding=exp.id), exp.plan.generation + 1, reason)
         except PlanningError:

@@ -340,20 +340,19 @@ def seed_step_cost(params: float, tokens_per_step: float, gpu_flops: float = 400
 
 @dataclass
 class MeasuredCosts:
-    """Each policy's measured W and generate fraction, smoothed with a level and a trend
-    (Holt's linear smoothing), so a plan can be made for the costs *ahead* — responses lengthen
-    as training goes on — rather than for the step just measured.
+    """Each policy's measured W and generate fraction: an exponential average for the level and
+    a least-squares slope over the last ``window`` steps for the trend, so a plan can be made for
+    the costs *ahead* (responses lengthen as training goes on) rather than the step just measured.
 
     A measurement is the stage seconds of one step on a known split: generation took
     ``generate_s`` on ``rollout`` GPUs, log-probs + training ``train_s`` on ``learner`` GPUs.
     Multiplying by the speed of each role turns them back into one-GPU seconds.
     """
 
-    alpha: float = 0.1
-    beta: float = 0.05
+    alpha: float = 0.2
+    window: int = 60
     values: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (W level, f)
-    trends: dict[str, float] = field(default_factory=dict)  # name -> W change per step
-    samples: dict[str, int] = field(default_factory=dict)
+    history: dict[str, list[float]] = field(default_factory=dict)  # name -> recent W measurements
 
     def observe(self, d: PolicyDemand, rollout: int, learner: int, generate_s: float, train_s: float, sync_s: float = 0.0) -> None:
         gen_w = generate_s * speed(rollout, d.scaling_efficiency)
@@ -362,15 +361,28 @@ class MeasuredCosts:
         if w <= 0 or not math.isfinite(w):
             return
         f = gen_w / w
-        n = self.samples.get(d.name, 0)
-        if n:
+        hist = self.history.setdefault(d.name, [])
+        hist.append(w)
+        del hist[: -self.window]
+        if d.name in self.values:
             w0, f0 = self.values[d.name]
-            t0 = self.trends.get(d.name, 0.0)
-            level = w0 + t0 + self.alpha * (w - (w0 + t0))
-            self.trends[d.name] = t0 + self.beta * ((level - w0) - t0) if n > 1 else 0.0
-            w, f = level, f0 + self.alpha * (f - f0)
+            w, f = w0 + self.alpha * (w - w0), f0 + self.alpha * (f - f0)
         self.values[d.name] = (w, f)
-        self.samples[d.name] = n + 1
+
+    def trend(self, name: str) -> float:
+        """W change per step: the least-squares slope of the recent measurements, or 0 unless it
+        stands clear of the noise (|slope| > 3 standard errors over >= 20 steps) — a trend read
+        from noise would move gangs for nothing."""
+        ys = self.history.get(name, [])
+        n = len(ys)
+        if n < 20:
+            return 0.0
+        mx, my = (n - 1) / 2, sum(ys) / n
+        sxx = sum((i - mx) ** 2 for i in range(n))
+        slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sxx
+        resid = sum((y - (my + slope * (i - mx))) ** 2 for i, y in enumerate(ys))
+        stderr = math.sqrt(resid / (n - 2) / sxx)
+        return slope if abs(slope) > 3 * stderr else 0.0
 
     def apply(self, demands: Sequence[PolicyDemand], horizon_steps: float = 0.0) -> list[PolicyDemand]:
         """The demands with measured costs, projected ``horizon_steps`` ahead along the trend."""
@@ -378,7 +390,8 @@ class MeasuredCosts:
         for d in demands:
             if d.name in self.values:
                 w, f = self.values[d.name]
-                w = max(w * 0.5, w + self.trends.get(d.name, 0.0) * horizon_steps)
+                if horizon_steps:
+                    w = max(0.5 * w, w + self.trend(d.name) * horizon_steps)
                 d = replace(d, step_gpu_seconds=w, generate_fraction=min(1.0, max(0.0, f)))
             out.append(d)
         return out

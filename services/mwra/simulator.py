@@ -184,8 +184,9 @@ class Mwra(Strategy):
 
     name = "mwra"
 
-    def __init__(self, move_cost_s: float, min_gain: float = 0.10, alpha: float = 0.2, calibration_gain: float = 0.03):
+    def __init__(self, move_cost_s: float, min_gain: float = 0.10, alpha: float = 0.2, calibration_gain: float = 0.03, max_horizon: float = 25.0):
         super().__init__()
+        self.max_horizon = max_horizon
         self.move_cost_s, self.min_gain, self.calibration_gain = move_cost_s, min_gain, calibration_gain
         self.calibrated = False
         self.measured = MeasuredCosts(alpha=alpha)
@@ -200,7 +201,7 @@ class Mwra(Strategy):
         self.measured.observe(demand, a.rollout_gpus, a.learner_gpus, generate_s, train_s)
         if len(self.measured.values) < len(self.demands):
             return None  # re-plan only once every policy has been measured
-        current = self.measured.apply(self.demands)
+        current = self.measured.apply(self.demands, self.horizon(remaining_steps))
         # the first plan from measurements replaces seeded guesses: it needs only to pay for the move
         reason, bar = ("cost_drift", self.min_gain) if self.calibrated else ("measured", self.calibration_gain)
         self.calibrated = True
@@ -212,10 +213,14 @@ class Mwra(Strategy):
         self.plan = candidate
         return candidate
 
+    def horizon(self, remaining_steps: int) -> float:
+        """Plan for the costs halfway through what is left (at most ``max_horizon`` steps)."""
+        return min(self.max_horizon, remaining_steps / 2)
+
     def node_lost(self, nodes, remaining_steps):
         self.nodes = list(nodes)
         self.replans += 1
-        self.plan = make_plan(self.measured.apply(self.demands), self.nodes, self.plan.generation + 1, "node_lost")
+        self.plan = make_plan(self.measured.apply(self.demands, self.horizon(remaining_steps)), self.nodes, self.plan.generation + 1, "node_lost")
         return self.plan
 
 

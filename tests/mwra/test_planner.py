@@ -129,3 +129,18 @@ def test_planning_64_policies_on_1024_gpus_is_fast():
     plan = make_plan(ds, 1024)
     assert plan.allocated_gpus <= 1024 and predict(ds[0], plan.allocations["p0"].gpus) > 0
     assert time.perf_counter() - t < 1.0  # generous here; the benchmark records the real figure
+
+
+def test_trend_is_read_only_when_it_stands_clear_of_the_noise():
+    d = PolicyDemand("a", 1.0, 0.5)
+    m = MeasuredCosts(alpha=1.0)
+    for i in range(30):  # W = 10 + 0.1 * step, exactly
+        m.observe(d, 1, 1, (10 + 0.1 * i) / 2, (10 + 0.1 * i) / 2)
+    assert m.trend("a") == pytest.approx(0.1)
+    assert m.apply([d], horizon_steps=10)[0].step_gpu_seconds == pytest.approx(12.9 + 1.0)  # level 12.9, +0.1 x 10
+    noisy = MeasuredCosts(alpha=1.0)
+    rng = random.Random(0)
+    for _ in range(30):
+        w = 10 * rng.lognormvariate(0, 0.1)
+        noisy.observe(d, 1, 1, w / 2, w / 2)
+    assert noisy.trend("a") == 0.0
