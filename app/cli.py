@@ -233,6 +233,32 @@ def controller(
     serve_controller(be, leader, host, port, reconcile_every_s)
 
 
+@app.command()
+def compose(
+    cpu_config: Path = typer.Argument(..., help="Experiment of the cpu profile."),
+    gpu_config: Path = typer.Argument(..., help="Experiment of the gpu profile (vLLM engines)."),
+    gpus: int = typer.Option(4, "--gpus", min=1, help="GPUs of the host the gpu profile plans on."),
+    out_file: Path = typer.Option(Path("docker-compose.yml"), "--out", help="Where to write the compose file."),
+    prometheus_file: Path = typer.Option(Path("deploy/prometheus/prometheus-compose.yml"), "--prometheus", help="Where to write Prometheus' scrape config."),
+) -> None:
+    """Write docker-compose.yml for two experiment files: every service runs what `mutualrl up` runs."""
+    from mutualrl.app.compose import prometheus_config, render
+    from mutualrl.services.mwra.planner import PlanningError
+
+    try:  # model paths are the containers' (/models/...), not this machine's
+        cpu, gpu = load_config(cpu_config, check_paths=False), load_config(gpu_config, check_paths=False)
+    except ConfigError as e:
+        raise _fail(str(e))
+    try:
+        text = render(cpu, gpu, str(cpu_config), str(gpu_config), gpus)
+    except PlanningError as e:
+        raise _fail(f"gpu profile: {e}")
+    out_file.write_text(text)
+    prometheus_file.parent.mkdir(parents=True, exist_ok=True)
+    prometheus_file.write_text(prometheus_config(cpu, gpu))
+    out.print(f"wrote {out_file} and {prometheus_file}")
+
+
 thl_app = typer.Typer(no_args_is_help=True, help="Tokenizer Heterogeneity Layer tools.")
 app.add_typer(thl_app, name="thl")
 

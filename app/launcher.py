@@ -24,6 +24,7 @@ from typing import Callable
 from mutualrl.config import ExperimentConfig, dump_config
 from mutualrl.models.policy import default_cache_dir
 from mutualrl.runtime.exchange_setup import run_namespace
+from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
 from mutualrl.see.server import RedisServer, free_port
@@ -96,13 +97,12 @@ class Supervisor:
             url = self.redis.url
             self.echo(f"[up] redis {self.redis.binary} on {url}")
         namespace = run_namespace(cfg)
-        common = ["--config", str(out / "config.yaml"), "--namespace", namespace, "--redis", url, "--weights", str(out / "weights"), "--out", str(out)]
         for p in cfg.policies:
             for role in ("rollout", "learner"):
                 ops, grpc_port = free_port(), (free_port() if role == "rollout" else 0)
-                argv = [sys.executable, "-m", "mutualrl.app.cli", "serve", role, "--policy", p.name, "--ops-port", str(ops), *common]
-                if role == "rollout":
-                    argv += ["--grpc-port", str(grpc_port)]
+                argv = [sys.executable, "-m", "mutualrl.app.cli", *serve_argv(
+                    role, p.name, config=str(out / "config.yaml"), namespace=namespace, redis=url, weights=str(out / "weights"), out=str(out),
+                    ops_port=ops, grpc_port=grpc_port if role == "rollout" else None)]
                 self.services.append(Service(f"{p.name}.{role}", role, p.name, argv, ops, grpc_port, log_path=out / "logs" / f"{p.name}.{role}.log"))
         (out / "services.json").write_text(json.dumps({
             "namespace": namespace, "redis": url.split("@")[-1], "pid": os.getpid(),

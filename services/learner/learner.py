@@ -332,6 +332,7 @@ class Learner:
             "ratio_mean": metrics.pop("ratio_mean", None),
             "train_s": time.monotonic() - t0,
             "stage_seconds": stages,
+            "weights_bytes": int(sum(t.numel() * t.element_size() for t in self.model.state_dict().values())),
             "tokens": int(sum(len(c) for c in rows.completion_ids)),
         }
         for k, v in metrics.items():

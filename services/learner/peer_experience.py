@@ -83,6 +83,9 @@ class IntakeResult:
     logprob_residuals: list[float] = field(default_factory=list)
     length_ratios: list[float] = field(default_factory=list)
     non_canonical: int = 0
+    # alignment health per source policy (every conversion, accepted or not): the dashboards'
+    # per-tokenizer-pair view, since a learner's receiver tokenizer is fixed
+    by_source: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     rejected: Counter = field(default_factory=Counter)
     used: list[Received] = field(default_factory=list)  # everything consumed (accepted or rejected), to ack
 
@@ -96,6 +99,11 @@ class IntakeResult:
             "thl_logprob_residual": mean(self.logprob_residuals),
             "thl_length_ratio": mean(self.length_ratios) if self.length_ratios else 1.0,
             "thl_non_canonical": self.non_canonical,
+            "thl_by_source": {
+                src: {"messages": len(v["unaligned"]), "unaligned_mean": mean(v["unaligned"]), "logprob_residual_mean": mean(v["logprob"]),
+                      "length_ratio_mean": mean(v["length"]) if v["length"] else 1.0, "roundtrip_failures": int(sum(v["roundtrip_failed"]))}
+                for src, v in self.by_source.items()
+            },
         }
 
 
@@ -149,9 +157,14 @@ class PeerIntake:
             placement=self.placement, source_canonical=[_canonical_claim(m.payload) for m in messages],  # type: ignore[arg-type]
         )
 
-    def _usable(self, out: IntakeResult, conv: Converted, claimed_text: str) -> bool:
+    def _usable(self, out: IntakeResult, conv: Converted, claimed_text: str, source: str = "") -> bool:
         """The conversion reproduces the text the peer claimed and is within the THL budget
         (its residual is recorded); otherwise the rejection is counted by reason."""
+        health = out.by_source.setdefault(source, {"unaligned": [], "logprob": [], "length": [], "roundtrip_failed": []})
+        health["unaligned"].append(conv.residual.unaligned_fraction)
+        health["logprob"].append(conv.residual.logprob_residual)
+        health["length"].append(conv.residual.length_ratio)
+        health["roundtrip_failed"].append(0.0 if conv.residual.roundtrip_ok else 1.0)
         if conv.text != claimed_text:
             out.rejected["text_mismatch"] += 1
             return False
@@ -203,7 +216,7 @@ class PeerIntake:
             converted.append((m, p, convert(None, self.tok, text=m.payload.completion_text)))
         for m, problem, conv in converted:
             vs = m.payload
-            if not self._usable(out, conv, vs.completion_text):
+            if not self._usable(out, conv, vs.completion_text, m.envelope.producer):
                 continue
             if not conv.target_ids:
                 out.rejected["empty"] += 1
@@ -252,7 +265,7 @@ class PeerIntake:
             convs = self._convert(src_tok, [m for m, _, _ in items], with_logprobs=True)
             for (m, problem, score), conv in zip(items, convs):
                 r = m.payload
-                if not self._usable(out, conv, r.completion_text):
+                if not self._usable(out, conv, r.completion_text, m.envelope.producer):
                     continue
                 stopped = r.finish_reason == "stop"
                 ids = list(conv.target_ids)

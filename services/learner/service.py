@@ -75,7 +75,11 @@ def run_learner_service(args: ServiceArgs) -> int:
     g = {
         "step": Gauge("mutualrl_step", "Last step this service finished.", ["policy", "role"], registry=registry),
         "version": Gauge("mutualrl_weights_version", "Weights version published.", ["policy", "role"], registry=registry),
-        "thl": Gauge("mutualrl_thl_residual", "Mean unaligned-byte fraction of the peer messages of the last step.", ["policy"], registry=registry),
+        "thl_unaligned": Gauge("mutualrl_thl_unaligned_ratio", "Mean unaligned-byte fraction of the last step's peer messages, by source policy.", ["policy", "source"], registry=registry),
+        "thl_logprob": Gauge("mutualrl_thl_logprob_residual_nats", "Mean |transported - source| sequence log-prob of the last step's peer messages.", ["policy", "source"], registry=registry),
+        "thl_length": Gauge("mutualrl_thl_length_ratio", "Mean target/source token-length ratio of the last step's peer messages.", ["policy", "source"], registry=registry),
+        "accuracy": Gauge("mutualrl_eval_accuracy_ratio", "Held-out greedy accuracy at the last evaluation.", ["policy"], registry=registry),
+        "weights_bytes": Gauge("mutualrl_weights_bytes", "Bytes of the last published weights version.", ["policy"], registry=registry),
         "stale": Gauge("mutualrl_staleness_steps", "Steps the slowest peer is behind this learner.", ["policy", "role"], registry=registry),
         "reward": Gauge("mutualrl_reward_mean", "Mean own reward of the last step.", ["policy"], registry=registry),
     }
@@ -84,6 +88,9 @@ def run_learner_service(args: ServiceArgs) -> int:
         "shared_in": Counter("mutualrl_shared_in", "Peer messages used (rows, rescues, stats).", ["policy"], registry=registry),
         "rejected": Counter("mutualrl_peer_rejected", "Peer messages rejected, by reason.", ["policy", "reason"], registry=registry),
         "skipped": Counter("mutualrl_steps_skipped", "Steps with no own rollouts before the deadline.", ["policy"], registry=registry),
+        "roundtrip": Counter("mutualrl_thl_roundtrip_failures", "Peer messages whose text did not survive this tokenizer's round trip, by source.", ["policy", "source"], registry=registry),
+        "thl_messages": Counter("mutualrl_thl_messages", "Peer messages converted by THL, by source.", ["policy", "source"], registry=registry),
+        "rescues": Counter("mutualrl_rescues", "Verified peer successes trained on (SGT rescues).", ["policy"], registry=registry),
     }
     registry.register(SeeCollector(ctx.exchange))
     stage_metrics = StageMetrics(registry, p.name, "learner")
@@ -131,7 +138,16 @@ def run_learner_service(args: ServiceArgs) -> int:
                 c["skipped"].labels(p.name).inc()
                 log.info("step skipped: no own rollouts before the deadline", extra={"fields": {"step": step}})
                 continue
-            g["thl"].labels(p.name).set(rec.get("thl_residual") or 0.0)
+            for src, h in (rec.get("thl_by_source") or {}).items():
+                g["thl_unaligned"].labels(p.name, src).set(h["unaligned_mean"])
+                g["thl_logprob"].labels(p.name, src).set(h["logprob_residual_mean"])
+                g["thl_length"].labels(p.name, src).set(h["length_ratio_mean"])
+                c["roundtrip"].labels(p.name, src).inc(h["roundtrip_failures"])
+                c["thl_messages"].labels(p.name, src).inc(h["messages"])
+            c["rescues"].labels(p.name).inc(rec.get("rescue_count") or 0)
+            g["weights_bytes"].labels(p.name).set(rec.get("weights_bytes") or 0)
+            if rec.get("eval_accuracy") is not None:
+                g["accuracy"].labels(p.name).set(rec["eval_accuracy"])
             g["reward"].labels(p.name).set(rec["reward_mean"])
             c["rollouts"].labels(p.name).inc(len(learner.last_used.get("own", [])))
             c["shared_in"].labels(p.name).inc(rec.get("shared_in", 0))

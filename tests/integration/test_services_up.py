@@ -74,7 +74,7 @@ def test_two_policies_three_steps_over_processes(tmp_path):
             if name.endswith("rollout"):
                 assert "mutualrl_rollouts_total{" in text and "mutualrl_shared_out_total{" in text and "mutualrl_weights_version{" in text
             else:
-                assert "mutualrl_rollouts_consumed_total{" in text and "mutualrl_shared_in_total{" in text and "mutualrl_thl_residual{" in text
+                assert "mutualrl_rollouts_consumed_total{" in text and "mutualrl_shared_in_total{" in text and "mutualrl_thl_unaligned_ratio{" in text
         status = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "status", str(out)], capture_output=True, text=True, timeout=60)
         assert status.returncode == 0 and status.stdout.count(" ok ") >= 4, status.stdout
         output = _finish(proc)

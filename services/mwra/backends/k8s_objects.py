@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.services.mwra.backends.base import RunSpec
 from mutualrl.services.mwra.planner import Allocation
 
@@ -71,11 +72,8 @@ def members(alloc: Allocation) -> list[tuple[str, int, int, str]]:
 
 
 def _command(spec: RunSpec, policy: str, role: str) -> list[str]:
-    argv = ["mutualrl", "serve", role, "--config", "/etc/mutualrl/config.yaml", "--policy", policy, "--namespace", spec.run,
-            "--redis", "$(MUTUALRL_REDIS_URL)", "--weights", "/weights", "--out", "/data", "--ops-port", "9000"]
-    if role == "rollout":
-        argv += ["--grpc-port", "50051"]
-    return argv
+    return ["mutualrl", *serve_argv(role, policy, config="/etc/mutualrl/config.yaml", namespace=spec.run, redis="$(MUTUALRL_REDIS_URL)",
+                                    weights="/weights", out="/data", ops_port=9000, grpc_port=50051 if role == "rollout" else None)]
 
 
 def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, generation: int, gang: str, backend: str, owner: dict, node: str = "") -> dict:
