@@ -205,8 +205,9 @@ def controller(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8080, "--port", min=0, max=65535),
     backend: str = typer.Option("kubernetes", "--backend", help="kubernetes (the cluster) or memory (an in-memory cluster, for trying the API)."),
-    gpus: int = typer.Option(16, "--gpus", min=1, help="memory backend: GPUs in the pretend cluster."),
-    node_gpus: int = typer.Option(8, "--node-gpus", min=1, help="memory backend: GPUs per node."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="GPUs to plan on: the pretend cluster's (memory, default 16), or instead of listing nodes (kubernetes)."),
+    node_gpus: int = typer.Option(8, "--node-gpus", min=1, help="GPUs per node, with --gpus."),
+    submit: Optional[Path] = typer.Option(None, "--submit", help="An experiment file to plan and start at once (the Helm chart's)."),
     namespace: str = typer.Option("default", "--namespace", help="kubernetes backend: where the gangs run."),
     gang: str = typer.Option("auto", "--gang", help="auto, kueue, kai, volcano, native or mwra (own admission)."),
     kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
@@ -230,7 +231,12 @@ def controller(
     except Exception as e:  # noqa: BLE001 - no cluster to talk to is bad input for this command
         raise _fail(f"kubernetes backend: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     out.print(f"controller on http://{host}:{port} (backend {be.name}{', gang ' + getattr(be, 'gang', '') if backend == 'kubernetes' else ''})")
-    serve_controller(be, leader, host, port, reconcile_every_s)
+    if submit is not None:
+        try:
+            load_config(submit, check_paths=False)
+        except ConfigError as e:
+            raise _fail(str(e))
+    serve_controller(be, leader, host, port, reconcile_every_s, submit=submit)
 
 
 @app.command()

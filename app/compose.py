@@ -107,7 +107,7 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
         "image": "prom/prometheus:v2.53.0",
         "command": ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus", "--web.enable-lifecycle"],
         "volumes": ["./deploy/prometheus/prometheus-compose.yml:/etc/prometheus/prometheus.yml:ro",
-                    "./deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro", "prometheus:/prometheus"],
+                    "./deploy/helm/mutualrl/files/alerts.yml:/etc/prometheus/alerts.yml:ro", "prometheus:/prometheus"],
         "ports": ["127.0.0.1:9090:9090"],
         "depends_on": {"controller": {"condition": "service_started"}},
         "healthcheck": {"test": ["CMD", "wget", "-qO-", "http://127.0.0.1:9090/-/ready"], "interval": "10s", "timeout": "3s", "retries": 10},
@@ -115,7 +115,7 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
     services["grafana"] = {
         "image": "grafana/grafana:11.1.0",
         "environment": {"GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"},
-        "volumes": ["./deploy/grafana/provisioning:/etc/grafana/provisioning:ro", "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro"],
+        "volumes": ["./deploy/grafana/provisioning:/etc/grafana/provisioning:ro", "./deploy/helm/mutualrl/files/dashboards:/var/lib/grafana/dashboards:ro"],
         "ports": ["127.0.0.1:3000:3000"],
         "depends_on": {"prometheus": {"condition": "service_healthy"}},
     }

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
+from mutualrl.config import parse_config
 from mutualrl.services.mwra.api import create_app, read_token
 from mutualrl.services.mwra.backends.base import Backend, InMemoryBackend
 from mutualrl.services.mwra.controller import Controller
 from mutualrl.services.mwra.planner import Node
 
 
-def build_backend(kind: str, gpus: int, node_gpus: int, namespace: str, gang: str, kubeconfig: str | None, admission_timeout_s: float):
-    """(backend, leader election or None)."""
+def _nodes(gpus: int, node_gpus: int) -> list[Node]:
+    full, rest = divmod(gpus, node_gpus)
+    return [Node(f"node-{i}", node_gpus) for i in range(full)] + ([Node(f"node-{full}", rest)] if rest else [])
+
+
+def build_backend(kind: str, gpus: int | None, node_gpus: int, namespace: str, gang: str, kubeconfig: str | None, admission_timeout_s: float):
+    """(backend, leader election or None). ``gpus`` on kubernetes: plan on that many instead of
+    listing nodes (a controller without the ClusterRole to read them)."""
     if kind == "memory":
-        full, rest = divmod(gpus, node_gpus)
-        nodes = [Node(f"node-{i}", node_gpus) for i in range(full)] + ([Node(f"node-{full}", rest)] if rest else [])
-        return InMemoryBackend(nodes), None
+        return InMemoryBackend(_nodes(gpus or 16, node_gpus)), None
     from kubernetes import client, config
 
     from mutualrl.services.mwra.backends.kubernetes import KubernetesBackend, LeaderElection
@@ -29,7 +35,8 @@ def build_backend(kind: str, gpus: int, node_gpus: int, namespace: str, gang: st
         except config.ConfigException:
             config.load_kube_config()
     api = client.ApiClient()
-    return KubernetesBackend(api, namespace, gang=gang, admission_timeout_s=admission_timeout_s), LeaderElection(api, namespace)
+    static = _nodes(gpus, node_gpus) if gpus else None
+    return KubernetesBackend(api, namespace, gang=gang, admission_timeout_s=admission_timeout_s, static_nodes=static), LeaderElection(api, namespace)
 
 
 def reconcile_forever(controller: Controller, every_s: float, stop: threading.Event, log=print) -> None:
@@ -41,11 +48,16 @@ def reconcile_forever(controller: Controller, every_s: float, stop: threading.Ev
         stop.wait(every_s)
 
 
-def serve_controller(backend: Backend, leader, host: str, port: int, every_s: float = 5.0, **controller_kwargs) -> None:
+def serve_controller(backend: Backend, leader, host: str, port: int, every_s: float = 5.0, submit: Path | None = None, **controller_kwargs) -> None:
     import uvicorn
 
     token = read_token()
     controller = Controller(backend, leader=leader, **controller_kwargs)
+    if submit is not None:
+        # the chart's experiment, under a fixed id: a restarted controller re-applies the same run
+        text = submit.read_text()
+        cfg = parse_config(text, str(submit), check_paths=False)
+        controller.submit(cfg, text, exp_id=cfg.name.lower().replace("_", "-").replace(".", "-")[:40])
     stop = threading.Event()
     threading.Thread(target=reconcile_forever, args=(controller, every_s, stop), daemon=True).start()
     try:

@@ -1,6 +1,6 @@
 """Grafana dashboards as code: each panel is a title, a unit and PromQL over mutualrl's metrics.
-`python -m mutualrl.app.dashboards deploy/grafana/dashboards` writes the JSON the compose file
-provisions and the Helm chart ships as ConfigMaps; a test checks the files are this output, that
+`python -m mutualrl.app.dashboards` writes the JSON into the Helm chart (`files/dashboards`), which
+ships it as ConfigMaps; the compose file provisions the same files; a test checks the files are this output, that
 every expression parses (promtool) and that a real Prometheus scraping a real run returns data
 for every metric the panels use.
 """
@@ -141,7 +141,7 @@ def all_exprs(include_external: bool = True) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0] if argv else "deploy/grafana/dashboards")
+    out = Path(argv[0] if argv else "deploy/helm/mutualrl/files/dashboards")
     out.mkdir(parents=True, exist_ok=True)
     for name, text in render_all().items():
         (out / name).write_text(text)

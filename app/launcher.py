@@ -97,19 +97,27 @@ class Supervisor:
             url = self.redis.url
             self.echo(f"[up] redis {self.redis.binary} on {url}")
         namespace = run_namespace(cfg)
-        for p in cfg.policies:
-            for role in ("rollout", "learner"):
-                ops, grpc_port = free_port(), (free_port() if role == "rollout" else 0)
-                argv = [sys.executable, "-m", "mutualrl.app.cli", *serve_argv(
-                    role, p.name, config=str(out / "config.yaml"), namespace=namespace, redis=url, weights=str(out / "weights"), out=str(out),
-                    ops_port=ops, grpc_port=grpc_port if role == "rollout" else None)]
-                self.services.append(Service(f"{p.name}.{role}", role, p.name, argv, ops, grpc_port, log_path=out / "logs" / f"{p.name}.{role}.log"))
+        self.services = self.service_specs(url, namespace)
         (out / "services.json").write_text(json.dumps({
             "namespace": namespace, "redis": url.split("@")[-1], "pid": os.getpid(),
             "services": {s.name: {"role": s.role, "policy": s.policy, "ops": f"http://{cfg.launcher.host}:{s.ops_port}", "grpc": f"{cfg.launcher.host}:{s.grpc_port}" if s.grpc_port else None} for s in self.services},
         }, indent=2))
         for s in self.services:
             self._spawn(s)
+
+    def service_specs(self, url: str, namespace: str) -> list[Service]:
+        """Every service of the run with the command it runs (``serve_argv``; the compose file,
+        the Helm chart and MWRA's pods run the same)."""
+        cfg, out = self.cfg, self.out
+        specs = []
+        for p in cfg.policies:
+            for role in ("rollout", "learner"):
+                ops, grpc_port = free_port(), (free_port() if role == "rollout" else 0)
+                argv = [sys.executable, "-m", "mutualrl.app.cli", *serve_argv(
+                    role, p.name, config=str(out / "config.yaml"), namespace=namespace, redis=url, weights=str(out / "weights"), out=str(out),
+                    ops_port=ops, grpc_port=grpc_port if role == "rollout" else None)]
+                specs.append(Service(f"{p.name}.{role}", role, p.name, argv, ops, grpc_port, log_path=out / "logs" / f"{p.name}.{role}.log"))
+        return specs
 
     def _spawn(self, s: Service) -> None:
         # the local plan: devices on a GPU host, a share of the cores on a CPU host (a policy's

@@ -310,7 +310,8 @@ class KubernetesConfig(_Strict):
         "auto", description="Gang backend; auto discovers the served API groups in the order kueue, kai, volcano, native, else MWRA's own admission.")
     queue: str = Field("mutualrl", description="Kueue LocalQueue / KAI or Volcano queue name.")
     admission_timeout_s: float = Field(600.0, gt=0, description="mwra gang backend: evict and requeue a gang not running within this time.")
-    redis_url: Optional[str] = Field(None, description="Broker URL the pods use (the Helm chart sets it).")
+    redis_url: Optional[str] = Field(None, description="Broker URL the pods use.")
+    redis_url_secret: Optional[str] = Field(None, description="Secret with key `redis-url` the pods read the broker URL from (the Helm chart sets it).")
     weights_claim: Optional[str] = Field(None, description="ReadWriteMany PVC mounted at /weights in every pod.")
     hmac_secret: Optional[str] = Field(None, description="Secret with key `hmac-key`, exposed to pods as MUTUALRL_HMAC_KEY.")
 

@@ -16,6 +16,11 @@ from prometheus_client.registry import Collector
 
 from mutualrl.see.exchange import ExperienceExchange, dead_letter_stream
 
+# every label value a counter can take is exported from the start (at 0), so a dashboard or an
+# alert over it has a series before the first event instead of "no data"
+BACKPRESSURE_ACTIONS = ("blocked", "dropped", "timeout")
+DEAD_LETTER_REASONS = ("decode_error", "unknown_schema_version", "invalid", "bad_signature")
+
 
 class SeeCollector(Collector):
     def __init__(self, exchange: ExperienceExchange):
@@ -30,14 +35,17 @@ class SeeCollector(Collector):
         yield published
 
         bp = CounterMetricFamily("mutualrl_see_backpressure", "Publishes held back by backpressure, by action (blocked, dropped, timeout).", labels=["namespace", "action"])
-        for action, n in sorted(ex.backpressure_events.items()):
-            bp.add_metric([ns, action], n)
+        for action in sorted(set(BACKPRESSURE_ACTIONS) | set(ex.backpressure_events)):
+            bp.add_metric([ns, action], ex.backpressure_events.get(action, 0))
         yield bp
 
         delivered = CounterMetricFamily("mutualrl_see_consumed", "Messages acknowledged by a receiver, by kind.", labels=["namespace", "receiver", "kind"])
         dupes = CounterMetricFamily("mutualrl_see_duplicates", "Redeliveries skipped by receiver-side dedup.", labels=["namespace", "receiver"])
         dead = CounterMetricFamily("mutualrl_see_dead_lettered", "Messages a receiver moved to the dead-letter stream, by reason.", labels=["namespace", "receiver", "reason"])
         for sub in ex.subscriptions:
+            for reason in DEAD_LETTER_REASONS:
+                if f"dead_letter:{reason}" not in sub.counts:
+                    dead.add_metric([ns, sub.group, reason], 0)
             for key, n in sorted(sub.counts.items()):
                 if key == "duplicate":
                     dupes.add_metric([ns, sub.group], n)

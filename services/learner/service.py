@@ -33,6 +33,12 @@ from mutualrl.weights import WeightStore
 from mutualrl.v1 import experience_pb2 as pb
 
 
+PEER_REJECTION_REASONS = (
+    "stale", "unknown_prompt", "prompt_mismatch", "text_mismatch", "reverify_failed", "reward_mismatch", "malformed", "empty",
+    "unknown_tokenizer", "invalid_stats", "duplicate_stats", "thl_unaligned", "thl_roundtrip",
+)
+
+
 def _save_state(path, state: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
@@ -92,6 +98,9 @@ def run_learner_service(args: ServiceArgs) -> int:
         "thl_messages": Counter("mutualrl_thl_messages", "Peer messages converted by THL, by source.", ["policy", "source"], registry=registry),
         "rescues": Counter("mutualrl_rescues", "Verified peer successes trained on (SGT rescues).", ["policy"], registry=registry),
     }
+    for reason in PEER_REJECTION_REASONS:  # every reason exported from the start, at 0
+        c["rejected"].labels(p.name, reason)
+    c["rescues"].labels(p.name)
     registry.register(SeeCollector(ctx.exchange))
     stage_metrics = StageMetrics(registry, p.name, "learner")
     status = {"step": start - 1}

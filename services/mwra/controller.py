@@ -72,12 +72,16 @@ class Controller:
             raise PlanningError("no free GPUs in the cluster")
         return make_plan(demands_from_config(cfg), nodes)
 
-    def submit(self, cfg: ExperimentConfig, yaml_text: str) -> Experiment:
+    def submit(self, cfg: ExperimentConfig, yaml_text: str, exp_id: str | None = None) -> Experiment:
+        """Plan and start an experiment. A fixed ``exp_id`` (the chart's, at every controller
+        start) re-applies the same objects instead of starting a second run."""
         with self.lock:
+            if exp_id is not None and exp_id in self.experiments:
+                return self.experiments[exp_id]
             plan = self.dry_run(cfg)
             k = cfg.mwra.kubernetes
-            exp_id = f"{cfg.name.lower().replace('_', '-').replace('.', '-')[:40]}-{uuid.uuid4().hex[:6]}"
-            spec = RunSpec(exp_id, yaml_text, k.namespace, k.image, k.queue, k.redis_url, k.weights_claim, k.hmac_secret,
+            exp_id = exp_id or f"{cfg.name.lower().replace('_', '-').replace('.', '-')[:40]}-{uuid.uuid4().hex[:6]}"
+            spec = RunSpec(exp_id, yaml_text, k.namespace, k.image, k.queue, k.redis_url, k.redis_url_secret, k.weights_claim, k.hmac_secret,
                            {p.name: {"cpu": p.resources.cpu, "memory": p.resources.memory} for p in cfg.policies})
             exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=self.ema_alpha))
             self.backend.apply(spec, plan)

@@ -23,7 +23,8 @@ DEMANDS = [PolicyDemand("small", 10.0, 0.5), PolicyDemand("big", 40.0, 0.6, roll
 
 
 def spec(run="exp-1") -> RunSpec:
-    return RunSpec(run, "name: x\n", NS, "registry.example/mutualrl:0.1.0-cuda", "team-a", "redis://redis:6379/0", "weights", "mutualrl-hmac")
+    return RunSpec(run, "name: x\n", NS, "registry.example/mutualrl:0.1.0-cuda", "team-a", redis_url_secret="rl-redis", weights_claim="weights",
+                   hmac_secret="mutualrl-hmac")
 
 
 def strip_status(obj: dict) -> dict:

@@ -18,6 +18,7 @@ class RunSpec:
     image: str = ""
     queue: str = "mutualrl"
     redis_url: str | None = None
+    redis_url_secret: str | None = None
     weights_claim: str | None = None
     hmac_secret: str | None = None
     resources: dict[str, dict] = field(default_factory=dict)  # policy -> {"cpu": ..., "memory": ...}

@@ -88,7 +88,8 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
             "image": spec.image,
             "command": _command(spec, alloc.policy, role),
             "env": [
-                {"name": "MUTUALRL_REDIS_URL", "value": spec.redis_url or "redis://redis:6379/0"},
+                ({"name": "MUTUALRL_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": spec.redis_url_secret, "key": "redis-url"}}} if spec.redis_url_secret
+                 else {"name": "MUTUALRL_REDIS_URL", "value": spec.redis_url or "redis://redis:6379/0"}),
                 {"name": "MUTUALRL_POLICY", "value": alloc.policy},
                 {"name": "MUTUALRL_ROLE", "value": role},
                 *([{"name": "MUTUALRL_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": spec.hmac_secret, "key": "hmac-key"}}}] if spec.hmac_secret else []),

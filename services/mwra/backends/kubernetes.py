@@ -131,7 +131,7 @@ class KubernetesBackend(Backend):
     name = "kubernetes"
 
     def __init__(self, api: client.ApiClient, namespace: str, gang: str = "auto", admission_timeout_s: float = 600.0,
-                 watch_seconds: float = 1.0, clock=time.monotonic):
+                 watch_seconds: float = 1.0, clock=time.monotonic, static_nodes: list[Node] | None = None):
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -146,9 +146,12 @@ class KubernetesBackend(Backend):
         self.known_nodes: set[str] | None = None
         self.events: list[BackendEvent] = []
         self.relists = 0
+        self.static_nodes = static_nodes  # planned on when nodes cannot be listed (no ClusterRole)
 
     # ---- nodes ---------------------------------------------------------------------------------
     def nodes(self) -> list[Node]:
+        if self.static_nodes is not None:
+            return list(self.static_nodes)
         out = []
         for n in self.core.list_node().items:
             alloc = (n.status.allocatable or {}) if n.status else {}

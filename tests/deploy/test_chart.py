@@ -1,0 +1,144 @@
+"""The Helm chart: strict lint, render of every values file, every object against Kubernetes'
+schemas (1.31-1.35) or its CRD's, the experiment it renders against mutualrl's own schema, the
+commands against `mutualrl up`'s, and a broken values file failing with the field named."""
+
+from __future__ import annotations
+
+import copy
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+from cloudcoil.models.prometheus_operator import v1 as prom
+
+from conftest import CHART
+from mutualrl.config import parse_config
+from mutualrl.runtime.serve_args import serve_argv
+
+VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+K8S_VERSIONS = ["1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0"]
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): prom.ServiceMonitor, ("monitoring.coreos.com/v1", "PodMonitor"): prom.PodMonitor,
+        ("monitoring.coreos.com/v1", "PrometheusRule"): prom.PrometheusRule}
+
+
+def render(values: dict) -> list[dict]:
+    chart = helm_python.Chart.load(CHART)
+    out = chart.render(values, name="rl", namespace="ml", is_install=True)
+    return [d for name, text in sorted(out.items()) if name.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+
+
+def values_of(path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def test_three_values_files_exist():
+    assert {p.name for p in VALUES} >= {"cpu-tiny-values.yaml", "gpu-vllm-3-values.yaml", "kueue-external-redis-values.yaml"}
+
+
+@pytest.mark.parametrize("path", [None, *VALUES], ids=lambda p: "defaults" if p is None else p.name)
+def test_lint_strict(path):
+    report = helm_python.lint(CHART, values_of(path) if path else None, strict=True, kube_version="v1.33.0")
+    assert not report["errors"] and not report["messages"], report
+
+
+def _unknown_keys(data, dumped, where=""):
+    """Keys of the input that the CRD model dropped (pydantic ignores what it does not know)."""
+    out = []
+    if isinstance(data, dict) and isinstance(dumped, dict):
+        for k, v in data.items():
+            if k not in dumped:
+                out.append(f"{where}.{k}")
+            else:
+                out += _unknown_keys(v, dumped[k], f"{where}.{k}")
+    elif isinstance(data, list) and isinstance(dumped, list):
+        for i, (a, b) in enumerate(zip(data, dumped)):
+            out += _unknown_keys(a, b, f"{where}[{i}]")
+    return out
+
+
+@pytest.mark.parametrize("path", VALUES, ids=lambda p: p.name)
+def test_every_rendered_object_is_valid(path):
+    objs = render(values_of(path))
+    assert objs
+    for obj in objs:
+        key = (obj["apiVersion"], obj["kind"])
+        if key in CRDS:
+            model = CRDS[key].model_validate(obj)
+            dumped = model.model_dump(by_alias=True, exclude_none=True, mode="json")
+            assert not _unknown_keys(obj, dumped), (key, _unknown_keys(obj, dumped))
+            continue
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_objects_per_values_file():
+    kinds = {p.name: sorted({o["kind"] for o in render(values_of(p))}) for p in VALUES}
+    assert "Deployment" in kinds["cpu-tiny-values.yaml"] and "Role" not in kinds["cpu-tiny-values.yaml"]
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ClusterRole", "StatefulSet"} <= set(kinds["gpu-vllm-3-values.yaml"])
+    kueue = kinds["kueue-external-redis-values.yaml"]
+    assert "StatefulSet" not in kueue and "ClusterRole" not in kueue and "NetworkPolicy" not in kueue
+
+
+@pytest.mark.parametrize("path", VALUES, ids=lambda p: p.name)
+def test_rendered_experiment_passes_mutualrls_schema(path):
+    cm = next(o for o in render(values_of(path)) if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
+    cfg = parse_config(cm["data"]["config.yaml"], "rendered", check_paths=False)
+    assert [p.name for p in cfg.policies] == [p["name"] for p in values_of(path)["policies"]]
+    assert cfg.broker.backend == "redis" and cfg.broker.hmac_key_env == "MUTUALRL_HMAC_KEY"
+
+
+def test_static_workloads_run_the_command_up_runs():
+    objs = render(values_of(CHART / "ci" / "cpu-tiny-values.yaml"))
+    deployments = [o for o in objs if o["kind"] == "Deployment"]
+    assert len(deployments) == 4
+    for d in deployments:
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        expected = serve_argv(labels["mutualrl.io/role"], labels["mutualrl.io/policy"], config="/etc/mutualrl/config.yaml", namespace="mutualrl:rl",
+                              redis="$(MUTUALRL_REDIS_URL)", weights="/weights", out="/data", ops_port=9000,
+                              grpc_port=50051 if labels["mutualrl.io/role"] == "rollout" else None)
+        assert c["command"] == ["mutualrl"] and c["args"] == expected
+
+
+def test_security_and_probes():
+    for path in VALUES:
+        for o in render(values_of(path)):
+            if o["kind"] not in ("Deployment", "StatefulSet"):
+                continue
+            pod = o["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            ours = [c for c in pod["containers"] if c["name"] != "engine"]
+            for c in ours:
+                assert c["securityContext"]["allowPrivilegeEscalation"] is False
+                assert c["securityContext"]["readOnlyRootFilesystem"] is True
+                assert "readinessProbe" in c and "livenessProbe" in c
+
+
+def test_controller_role_holds_only_the_chosen_gang_backends_objects():
+    vals = values_of(CHART / "ci" / "gpu-vllm-3-values.yaml")
+    for gang, group in (("kai", "scheduling.run.ai"), ("volcano", "scheduling.volcano.sh"), ("native", "scheduling.k8s.io"), ("kueue", None), ("mwra", None)):
+        v = copy.deepcopy(vals)
+        v["mwra"]["gang"] = gang
+        role = next(o for o in render(v) if o["kind"] == "Role")
+        groups = {g for r in role["rules"] for g in r["apiGroups"]}
+        assert groups - {"", "events.k8s.io", "coordination.k8s.io"} == ({group} if group else set())
+        assert not any("*" in r["verbs"] or "*" in r["resources"] for r in role["rules"])
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda v: v["policies"][0].update({"enigne": {"backend": "hf"}}), "enigne"),
+    (lambda v: v["policies"][0]["rollout"].update({"gpus": "two"}), "gpus"),
+    (lambda v: v["mwra"].update({"gang": "slurm"}), "gang"),
+    (lambda v: v.update({"replicas": 3}), "replicas"),
+])
+def test_a_values_file_that_breaks_the_schema_fails_with_the_field_named(mutate, field):
+    v = values_of(CHART / "ci" / "gpu-vllm-3-values.yaml")
+    mutate(v)
+    report = helm_python.lint(CHART, v, strict=True)
+    text = " ".join(report["errors"]) + " ".join(m["error"] for m in report["messages"])
+    assert report["errors"] or report["messages"]
+    assert field in text, text
+    with pytest.raises(helm_python.HelmError) as e:
+        helm_python.Chart.load(CHART).render(v, name="rl", namespace="ml", is_install=True)
+    assert field in str(e.value)
