@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-vllm bench proto clean
+.PHONY: setup demo test test-slow test-vllm test-deploy deploy-tools bench proto clean
 
 setup: $(STAMP) $(GEN_STAMP) $(REDIS_STAMP)
 
@@ -57,7 +57,29 @@ demo: setup
 	$(BIN)/mutualrl run $(CONFIG)
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow and not vllm" tests
+	$(BIN)/python -m pytest -q -m "not slow and not vllm and not deploy" tests
+
+# The deployment artifacts, each checked by its own ecosystem's tools (no container engine or
+# cluster needed): Debian's prometheus (promtool, and a real server scraping a real run) and
+# docker-compose, and from PyPI helm-python-sdk, hadolint and the prometheus-operator CRD models.
+DEPLOY_STAMP := $(VENV)/.deploy-tools
+$(DEPLOY_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,deploy-check]"
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v docker-compose >/dev/null; then \
+		echo "deploy tools: using the system's prometheus and docker-compose"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus docker-compose >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus docker-compose >/dev/null; }; } \
+		&& echo "deploy tools: installed prometheus and docker-compose with apt"; \
+	else \
+		echo "make test-deploy needs Debian's prometheus and docker-compose packages (apt-get install prometheus docker-compose, as root)" >&2; exit 1; \
+	fi
+	touch $@
+
+deploy-tools: $(DEPLOY_STAMP)
+
+test-deploy: setup $(DEPLOY_STAMP)
+	$(BIN)/python -m pytest -q -m deploy tests/deploy
 
 # Optional: a real vLLM server (the third-party CPU build) behind the vllm adapter. Its
 # torchvision/torchaudio/torchcodec wheels are built against another torch and fail to

@@ -39,6 +39,12 @@ class RolloutMetrics:
         self.tokens = Counter("mutualrl_rollout_tokens", "Completion tokens sampled.", ["policy"], registry=registry)
         self.latency = Histogram("mutualrl_rollout_generate_seconds", "Generate latency.", ["policy"], registry=registry)
         self.version = Gauge("mutualrl_weights_version", "Weights version served.", ["policy", "role"], registry=registry)
+        # series exist from the start (at 0): dashboards show "no calls yet", not "no data"
+        for method in ("Generate", "UpdateWeights", "Health"):
+            self.requests.labels(policy, method, "OK")
+        for m in (self.completions, self.tokens, self.latency):
+            m.labels(policy)
+        self.version.labels(policy, "rollout")
 
 
 def validate_generate(req: rpb.GenerateRequest, vocab_size: int, limits: dict[str, int]) -> None:

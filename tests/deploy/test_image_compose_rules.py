@@ -115,3 +115,13 @@ def test_dashboards_are_the_generators_output_and_every_expression_parses(tmp_pa
     for text in files.values():
         d = json.loads(text)
         assert d["uid"].startswith("mutualrl-") and d["panels"] and all(p["targets"] for p in d["panels"])
+
+
+def test_readme_deploy_commands_are_the_tested_ones():
+    readme = (ROOT / "README.md").read_text()
+    compose = readme.split("## Run with docker-compose")[1].split("## Install on Kubernetes")[0]
+    helm = readme.split("## Install on Kubernetes")[1].split("\n## ")[0]
+    assert "deploy/compose/env.example" in compose and "mutualrl compose deploy/compose/experiment.yaml deploy/compose/experiment-gpu.yaml" in compose
+    named = {w for w in helm.split() if w.startswith("deploy/helm/mutualrl/ci/")}
+    assert named and all((ROOT / w).is_file() for w in named), named
+    assert named == {str(p.relative_to(ROOT)) for p in (CHART / "ci").glob("*-values.yaml")}
