@@ -104,6 +104,8 @@ class ResourcesConfig(_Strict):
     scaling_efficiency: float = Field(1.0, gt=0, le=1, description="eta: speed on g GPUs is 1 + eta*(g-1).")
     step_gpu_seconds: Optional[float] = Field(None, gt=0, description="Seed for the cost of one step on one GPU; None estimates it from model size and tokens.")
     generate_fraction: Optional[float] = Field(None, ge=0, le=1, description="Seed for the share of a step spent generating; None estimates it.")
+    engine_image: Optional[str] = Field(None, description="Kubernetes: image of the vLLM/SGLang sidecar of each rollout pod (None: the engine's release image).")
+    engine_args: list[str] = Field(default_factory=list, description="Kubernetes: extra arguments of the engine server.")
     cpu: float = Field(4.0, gt=0, description="Kubernetes: CPU request per pod.")
     memory: str = Field("16Gi", description="Kubernetes: memory request per pod.")
 

@@ -82,7 +82,10 @@ class Controller:
             k = cfg.mwra.kubernetes
             exp_id = exp_id or f"{cfg.name.lower().replace('_', '-').replace('.', '-')[:40]}-{uuid.uuid4().hex[:6]}"
             spec = RunSpec(exp_id, yaml_text, k.namespace, k.image, k.queue, k.redis_url, k.redis_url_secret, k.weights_claim, k.hmac_secret,
-                           {p.name: {"cpu": p.resources.cpu, "memory": p.resources.memory} for p in cfg.policies})
+                           {p.name: {"cpu": p.resources.cpu, "memory": p.resources.memory} for p in cfg.policies},
+                           {p.name: {"backend": p.engine.backend, "model": p.model.path or "", "tp": p.resources.rollout_tp,
+                                     "image": p.resources.engine_image, "args": list(p.resources.engine_args)}
+                            for p in cfg.policies if p.engine.backend != "hf"})
             exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=self.ema_alpha))
             self.backend.apply(spec, plan)
             self.experiments[exp_id] = exp

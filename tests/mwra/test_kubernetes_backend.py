@@ -148,3 +148,17 @@ def test_two_controllers_one_acts():
 def test_a_cluster_serving_only_the_1_35_workload_api_falls_back_to_mwra_admission():
     with Cluster("native-1.35") as cluster:
         assert discover_gang_backend(cluster.api()) == "mwra"
+
+
+def test_an_external_engine_runs_as_a_sidecar_holding_the_rollout_gpus():
+    with Cluster("volcano") as cluster:
+        cluster.add_node("gpu-0", 8)
+        backend = KubernetesBackend(cluster.api(), NS)
+        s = RunSpec("exp-1", "name: x\n", NS, "img", engines={"big": {"backend": "vllm", "model": "/models/big", "tp": 2, "args": ["--max-model-len", "4096"]}})
+        backend.apply(s, make_plan(DEMANDS, backend.nodes()))
+        rollout = next(p for p in cluster.objects("Pod") if p["metadata"]["labels"]["mutualrl.io/policy"] == "big" and p["metadata"]["labels"]["mutualrl.io/role"] == "rollout")
+        ours, engine = rollout["spec"]["containers"]
+        assert "nvidia.com/gpu" not in ours["resources"]["limits"] and engine["resources"]["limits"]["nvidia.com/gpu"] == "2"
+        assert engine["args"][:6] == ["--model", "/models/big", "--port", "8000", "--tensor-parallel-size", "2"] and "--max-model-len" in engine["args"]
+        for v in K8S_VERSIONS:
+            kubernetes_validate.validate(strip_status(rollout), v, strict=True)

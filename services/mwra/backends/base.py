@@ -22,6 +22,7 @@ class RunSpec:
     weights_claim: str | None = None
     hmac_secret: str | None = None
     resources: dict[str, dict] = field(default_factory=dict)  # policy -> {"cpu": ..., "memory": ...}
+    engines: dict[str, dict] = field(default_factory=dict)  # policy -> {"backend", "model", "tp", "image", "args"} (external engines)
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,13 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
         "subdomain": dns_name(spec.run, alloc.policy, role),
         "hostname": dns_name(role, str(index)),
     }
+    engine = spec.engines.get(alloc.policy)
+    if role == "rollout" and engine and engine.get("backend") in ("vllm", "sglang"):
+        # the engine server is a sidecar on the GPUs; the rollout service talks to it on localhost
+        ours = pod_spec["containers"][0]["resources"]
+        for part in ("requests", "limits"):
+            ours[part].pop("nvidia.com/gpu", None)
+        pod_spec["containers"].append(engine_container(engine, gpus))
     total = len(members(alloc))
     if backend == "kueue":
         meta_labels["kueue.x-k8s.io/queue-name"] = spec.queue
@@ -135,6 +142,28 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
     if annotations:
         meta["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def engine_container(engine: dict, gpus: int) -> dict:
+    """vLLM or SGLang serving the policy's model on the rollout GPUs, with the weight-reload
+    routes the rollout adapters call (docs/mwra.md, "Backends")."""
+    model, tp, extra = engine.get("model", ""), str(engine.get("tp", 1)), list(engine.get("args", []))
+    if engine["backend"] == "vllm":
+        c = {"name": "engine", "image": engine.get("image") or "vllm/vllm-openai:v0.10.2",
+             "args": ["--model", model, "--port", "8000", "--tensor-parallel-size", tp, "--enable-sleep-mode", *extra],
+             "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}
+    else:
+        c = {"name": "engine", "image": engine.get("image") or "lmsysorg/sglang:v0.5.2", "command": ["python3", "-m", "sglang.launch_server"],
+             "args": ["--model-path", model, "--port", "8000", "--tp-size", tp, "--enable-memory-saver", *extra]}
+    c.update({
+        "ports": [{"name": "engine", "containerPort": 8000}],
+        "startupProbe": {"httpGet": {"path": "/health", "port": "engine"}, "periodSeconds": 10, "failureThreshold": 120},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "engine"}, "periodSeconds": 10},
+        "resources": {"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "weights", "mountPath": "/weights"}],
+    })
+    return c
 
 
 def headless_service(spec: RunSpec, policy: str, role: str, generation: int, owner: dict) -> dict:

@@ -69,7 +69,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if hasKey .engine "temperature" }}{{ $_ := set $eng "temperature" .engine.temperature }}{{ end -}}
 {{- $_ := set $p "engine" $eng -}}
 {{- $r := default dict .rollout -}}
-{{- $_ := set $p "resources" (dict "rollout_tp" (int (default 1 $r.tensorParallel)) "rollout_replicas" (int (default 1 $r.replicas)) "learner_gpus" (max 1 $learnerGpus)) -}}
+{{- $res := dict "rollout_tp" (int (default 1 $r.tensorParallel)) "rollout_replicas" (int (default 1 $r.replicas)) "learner_gpus" (max 1 $learnerGpus) -}}
+{{- if .engine.image }}{{ $_ := set $res "engine_image" .engine.image }}{{ end -}}
+{{- if .engine.args }}{{ $_ := set $res "engine_args" .engine.args }}{{ end -}}
+{{- $_ := set $p "resources" $res -}}
 {{- $pols = append $pols $p -}}
 {{- end -}}
 {{- $_ := set $exp "policies" $pols -}}
