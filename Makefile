@@ -57,7 +57,7 @@ demo: setup
 	$(BIN)/mutualrl run $(CONFIG)
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow and not vllm and not deploy" tests
+	$(BIN)/python -m pytest -q -m "not slow and not vllm and not deploy" --ignore=tests/deploy tests
 
 # The deployment artifacts, each checked by its own ecosystem's tools (no container engine or
 # cluster needed): Debian's prometheus (promtool, and a real server scraping a real run) and
@@ -96,7 +96,7 @@ test-vllm: setup $(VLLM_VENV)/.installed
 	MUTUALRL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm tests/vllm
 
 test-slow: setup
-	$(BIN)/python -m pytest -q -m "slow and not vllm" tests
+	$(BIN)/python -m pytest -q -m "slow and not vllm" --ignore=tests/deploy tests
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
