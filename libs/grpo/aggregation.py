@@ -1,4 +1,4 @@
-"""Loss aggregation over tokens and sequences (algorithms.md §1.1, verl ``agg_loss``)."""
+"""Loss aggregation over tokens and sequences (algorithms.md §1.1; the modes verl names)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean
     """Reduce a ``[B, T]`` per-token loss to a scalar.
 
     token-mean: ``Σ_{i,t} L·m / Σ m`` (DAPO); seq-mean-token-mean: ``mean_i(Σ_t L·m / Σ_t m)``
-    (original GRPO, GSPO); seq-mean-token-sum: ``mean_i Σ_t L·m``;
-    seq-mean-token-sum-norm: ``Σ L·m / (B · norm_len)`` (Dr.GRPO; norm_len defaults to T).
+    (original GRPO, GSPO); seq-mean-token-sum: ``mean_i Σ_t L·m`` over the rows with tokens;
+    seq-mean-token-sum-norm: ``Σ L·m / (B · norm_len)`` (Dr.GRPO's constant normaliser; norm_len
+    defaults to T). We divide by B · norm_len as TRL's ``dr_grpo`` does, not by norm_len alone as
+    verl does: with B in the denominator the loss (and so the learning rate that suits it) does
+    not grow with the number of rows per mini-batch, which differs between policies and modes.
     Rows with an empty mask contribute nothing and never divide by zero.
     """
     m = mask.to(loss_mat.dtype)
@@ -24,7 +27,8 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean
         per_seq = seq_sum / m.sum(-1).clamp(min=1.0)  # [B]
         return per_seq[rows].mean() if rows.any() else seq_sum.sum() * 0.0
     if mode == "seq-mean-token-sum":
-        return seq_sum.mean()
+        rows = m.sum(-1) > 0
+        return seq_sum[rows].mean() if rows.any() else seq_sum.sum() * 0.0
     if mode == "seq-mean-token-sum-norm":
         denom = float(norm_len if norm_len is not None else loss_mat.shape[-1])
         return seq_sum.sum() / (loss_mat.shape[0] * denom)

@@ -93,7 +93,11 @@ def gspo_token_loss(
     """
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # [B, 1|T]
     s = sequence_ratio(logp, old_logp, mask)  # [B]
-    s_tok = s.detach()[:, None] * (logp - logp.detach()).exp()  # [B, T], value s_i, grad of token t
+    # where the sequence log-ratio is clamped at ±10 GSPO has no gradient; so neither may the
+    # token form (the clamp sits inside the detached factor, so it must be applied here)
+    raw = sequence_mean(logp.detach() - old_logp, mask)  # [B]
+    inside = (raw.abs() <= MAX_SEQ_LOG_RATIO).to(logp.dtype)[:, None]  # [B, 1]
+    s_tok = s.detach()[:, None] * ((logp - logp.detach()) * inside).exp()  # [B, T], value s_i, grad of token t
     obj1 = s_tok * adv
     obj2 = s_tok.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     per_tok = -torch.minimum(obj1, obj2)  # [B, T]

@@ -30,8 +30,8 @@ class CapabilityTracker:
     """``P̂^(k)_t = (1/K) Σ_{τ=t−K+1..t} P^(k)_τ`` (Eq. 9), the window including the current batch.
 
     ``P^(k)_τ`` is agent k's positive rate (fraction of rewards > 0) or mean reward
-    in batch τ. Before any history an agent's capability is 1.0; values are floored
-    at ``minimum``. Update once per step with **every** agent's rewards before any
+    in batch τ. Before any history an agent's capability is 1.0; each batch's value is
+    floored at ``minimum`` (so a batch of negative mean reward cannot cancel a good one). Update once per step with **every** agent's rewards before any
     learner uses the ratios (§2.2). State is plain data so checkpoints can carry it.
     """
 
@@ -66,7 +66,7 @@ class CapabilityTracker:
         """One step: each agent's rewards of this batch (agents with none keep their window)."""
         for agent, rs in rewards.items():
             if rs:
-                self._history.setdefault(agent, deque(maxlen=self.window)).append(self.batch_value(rs))
+                self._history.setdefault(agent, deque(maxlen=self.window)).append(max(self.minimum, self.batch_value(rs)))
         self.steps += 1
 
     def capability(self, agent: str) -> float:

@@ -246,6 +246,7 @@ class Learner:
         losses: list[float] = []
         grad_norms: list[float] = []
         chunks = _minibatches(len(rows), a.minibatch_rows)
+        empty_updates = 0
         for m, sl in enumerate(chunks):
             prompts, completions = rows.prompt_ids[sl], rows.completion_ids[sl]
             logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad)  # [b, T]
@@ -280,7 +281,12 @@ class Learner:
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
-            self.opt.step()
+            if gn > 0.0:
+                self.opt.step()
+            else:
+                # no learning signal (all advantages 0, every row clipped): AdamW would still move
+                # the weights by its momentum, which is noise, not learning
+                empty_updates += 1
             losses.append(float(loss.detach()))
             grad_norms.append(gn)
             per_mb.append(mb_metrics)
@@ -320,6 +326,7 @@ class Learner:
             "clip_frac": metrics.pop("clip_frac", None) if "clip_frac" in metrics else metrics.get("self_clip_frac"),
             "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
             "updates": len(chunks),
+            "empty_updates": empty_updates,
             "shared_in": shared_in,
             "peer_rows": peer_used,
             "peer_candidates": len(intake.rescues) + len(intake.rows) + sum(len(v) for v in intake.stats.values()),

@@ -97,6 +97,7 @@ def run_learner_service(args: ServiceArgs) -> int:
         "roundtrip": Counter("mutualrl_thl_roundtrip_failures", "Peer messages whose text did not survive this tokenizer's round trip, by source.", ["policy", "source"], registry=registry),
         "thl_messages": Counter("mutualrl_thl_messages", "Peer messages converted by THL, by source.", ["policy", "source"], registry=registry),
         "rescues": Counter("mutualrl_rescues", "Verified peer successes trained on (SGT rescues).", ["policy"], registry=registry),
+        "empty_updates": Counter("mutualrl_empty_updates", "Mini-batches with no gradient signal, on which no optimiser step was taken.", ["policy"], registry=registry),
     }
     for reason in PEER_REJECTION_REASONS:  # every reason exported from the start, at 0
         c["rejected"].labels(p.name, reason)
@@ -154,6 +155,7 @@ def run_learner_service(args: ServiceArgs) -> int:
                 c["roundtrip"].labels(p.name, src).inc(h["roundtrip_failures"])
                 c["thl_messages"].labels(p.name, src).inc(h["messages"])
             c["rescues"].labels(p.name).inc(rec.get("rescue_count") or 0)
+            c["empty_updates"].labels(p.name).inc(rec.get("empty_updates") or 0)
             g["weights_bytes"].labels(p.name).set(rec.get("weights_bytes") or 0)
             if rec.get("eval_accuracy") is not None:
                 g["accuracy"].labels(p.name).set(rec["eval_accuracy"])

@@ -202,3 +202,24 @@ def test_xgrpo_uses_peer_stats_and_rejects_invalid_ones(arithmetic_task):
     assert rec["shared_in"] == 1 and rec["peer_rejected"] == {"invalid_stats": 1}
     # the all-fail own group on prompt 0 got a negative advantage (GRPO would give 0): the update moved
     assert rec["grad_norm"] > 0 and rec["xgrpo_baseline_mean"] > 0
+
+
+class _Everything(ExactMatchVerifier):
+    def score(self, problem, completion):
+        return 1.0
+
+
+def test_no_optimiser_step_without_gradient_signal(arithmetic_task):
+    # a real step first (AdamW gets momentum), then a step whose groups are all rewarded alike:
+    # every advantage is 0, the gradient is 0, and AdamW's momentum must not move the weights
+    ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3)
+    arts, eng, worker, learner = pols["a"]
+    problems = arithmetic_task.train[:8]
+    worker.run_step(1, problems)
+    learner.train_step(1, problems)
+    worker.verifier = _Everything()
+    worker.run_step(2, problems)
+    before = copy.deepcopy(arts.model.state_dict())
+    rec = learner.train_step(2, problems)
+    assert all(torch.equal(before[k], v) for k, v in arts.model.state_dict().items())
+    assert rec["empty_updates"] == rec["updates"] >= 1
