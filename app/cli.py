@@ -157,6 +157,42 @@ def serve_learner(
     raise typer.Exit(run_learner_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port)))
 
 
+@app.command()
+def compare(
+    spec_file: Path = typer.Argument(..., help="Compare spec (entries, pairs, seeds)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: runs/compare-<name>)."),
+    quick: bool = typer.Option(False, "--quick", help="The spec's quick profile (fewer seeds and steps)."),
+    report_only: bool = typer.Option(False, "--report-only", help="Write the report from the finished runs only."),
+) -> None:
+    """Run entries x pairs x seeds (resumable: finished runs are skipped), then write report.md,
+    results.json and plots with 95 % confidence intervals and paired differences."""
+    from rich.progress import Progress
+
+    from mutualrl.app.compare import CompareSpec, run_all, write_report
+    from mutualrl.app.embedded import run_embedded
+
+    try:
+        spec = CompareSpec.load(spec_file, quick=quick)
+    except ConfigError as e:
+        raise _fail(str(e))
+    target = out_dir or Path("runs") / f"compare-{spec.name}{'-quick' if quick else ''}"
+    target.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not report_only:
+        with Progress(console=err, transient=False) as bar:
+            task = bar.add_task("compare", total=len(spec.runs()))
+
+            def progress(i: int, n: int, label: str) -> None:
+                bar.update(task, completed=i, description=label)
+
+            try:
+                run_all(spec, target, run_embedded, progress)
+            except ConfigError as e:
+                raise _fail(str(e))
+    write_report(spec, target)
+    out.print(f"[bold]report[/] → {target / 'report.md'} ({target / 'results.json'})")
+
+
 mwra_app = typer.Typer(no_args_is_help=True, help="MWRA: GPU planning for heterogeneous policies.")
 app.add_typer(mwra_app, name="mwra")
 

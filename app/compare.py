@@ -1,0 +1,231 @@
+"""`mutualrl compare SPEC`: entries × pairs × seeds, resumable, then a report with confidence
+intervals, rollouts-to-target and paired differences against the baseline.
+
+A SPEC file::
+
+    name: evidence
+    baseline: isolated-grpo          # the entry the others are measured against
+    seeds: [0, 1, 2, 3, 4]
+    steps: 60                         # budget.steps for every run (optional)
+    quick: {seeds: [0, 1], steps: 20} # what `--quick` runs instead (optional)
+    pairs:                            # each a full experiment file (two or more policies)
+      char-vs-bpe: examples/evidence/pair-char-bpe.yaml
+    entries:                          # overrides applied to every pair's file
+      isolated-grpo: ["sharing.mode=none"]
+      sgt: ["sharing.mode=sgt"]
+
+Each run writes ``<out>/runs/<entry>/<pair>/seed<k>/`` (the files of `mutualrl run`); a run whose
+``summary.json`` exists is skipped, so an interrupted compare resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from mutualrl.config import ConfigError, load_config
+from mutualrl.runtime.compare_stats import auc, ci95, paired, rollouts_to_target
+from mutualrl.runtime.outputs import read_metrics
+
+
+@dataclass
+class CompareSpec:
+    name: str
+    baseline: str
+    seeds: list[int]
+    pairs: dict[str, Path]
+    entries: dict[str, list[str]]
+    steps: int | None = None
+    quick: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, quick: bool = False) -> "CompareSpec":
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: {str(e).splitlines()[0]}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping")
+        missing = [k for k in ("baseline", "seeds", "pairs", "entries") if k not in raw]
+        if missing:
+            raise ConfigError(f"{path}: missing {', '.join(missing)}")
+        unknown = set(raw) - {"name", "baseline", "seeds", "pairs", "entries", "steps", "quick"}
+        if unknown:
+            raise ConfigError(f"{path}: unknown keys {', '.join(sorted(unknown))}")
+        spec = cls(str(raw.get("name", path.stem)), str(raw["baseline"]), [int(s) for s in raw["seeds"]],
+                   {k: (path.parent / v).resolve() if not Path(v).is_absolute() else Path(v) for k, v in raw["pairs"].items()},
+                   {k: [str(x) for x in (v or [])] for k, v in raw["entries"].items()}, raw.get("steps"), raw.get("quick") or {})
+        if spec.baseline not in spec.entries:
+            raise ConfigError(f"{path}: baseline {spec.baseline!r} is not one of the entries ({', '.join(spec.entries)})")
+        if quick:
+            spec.seeds = [int(s) for s in spec.quick.get("seeds", spec.seeds[:2])]
+            spec.steps = spec.quick.get("steps", spec.steps)
+            if "entries" in spec.quick:
+                spec.entries = {k: v for k, v in spec.entries.items() if k in spec.quick["entries"] or k == spec.baseline}
+        for name, p in spec.pairs.items():
+            if not p.is_file():
+                raise ConfigError(f"{path}: pair {name!r}: {p} does not exist")
+        return spec
+
+    def runs(self) -> list[tuple[str, str, int]]:
+        return [(e, p, s) for s in self.seeds for p in self.pairs for e in self.entries]
+
+
+def run_dir(out: Path, entry: str, pair: str, seed: int) -> Path:
+    return out / "runs" / entry / pair / f"seed{seed}"
+
+
+def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[int, int, str], None] = lambda i, n, s: None) -> list[Path]:
+    """Every (entry, pair, seed) not finished yet; ``runner(cfg, dir)`` trains one (run_embedded)."""
+    done = []
+    todo = spec.runs()
+    for i, (entry, pair, seed) in enumerate(todo):
+        d = run_dir(out, entry, pair, seed)
+        label = f"{entry} / {pair} / seed {seed}"
+        if (d / "summary.json").is_file():
+            progress(i + 1, len(todo), label + " (done before)")
+            done.append(d)
+            continue
+        sets = [*spec.entries[entry], f"seed={seed}", *([f"budget.steps={spec.steps}"] if spec.steps else [])]
+        cfg = load_config(spec.pairs[pair], sets)
+        progress(i, len(todo), label)
+        runner(cfg, d)
+        done.append(d)
+        progress(i + 1, len(todo), label)
+    return done
+
+
+def _curves(d: Path) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list[tuple[float, float]]] = {}
+    for rec in read_metrics(d / "metrics.jsonl"):
+        if rec.get("eval_accuracy") is not None:
+            out.setdefault(rec["policy"], []).append((float(rec.get("rollouts") or 0), float(rec["eval_accuracy"])))
+    return out
+
+
+def analyse(spec: CompareSpec, out: Path) -> dict:
+    """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95),
+    rollouts-to-target ratio against the baseline, and paired differences."""
+    results: dict = {"name": spec.name, "baseline": spec.baseline, "seeds": spec.seeds, "steps": spec.steps, "pairs": {}}
+    for pair in spec.pairs:
+        per: dict[str, dict[str, dict[int, dict]]] = {}
+        for entry in spec.entries:
+            for seed in spec.seeds:
+                d = run_dir(out, entry, pair, seed)
+                if not (d / "summary.json").is_file():
+                    continue
+                summary = json.loads((d / "summary.json").read_text())
+                curves = _curves(d)
+                for policy, p in summary["policies"].items():
+                    per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
+                        "final": p["final_accuracy"], "start": p["warm_start_accuracy"], "curve": curves.get(policy, []),
+                        "rollouts": p.get("rollouts", 0),
+                    }
+        pair_out: dict = {}
+        base = per.get(spec.baseline, {})
+        for entry, policies in per.items():
+            pair_out[entry] = {}
+            for policy, seeds in policies.items():
+                finals = {s: v["final"] for s, v in seeds.items()}
+                gains = {s: v["final"] - v["start"] for s, v in seeds.items()}
+                row = {"final_accuracy": ci95(list(finals.values())), "gain": ci95(list(gains.values())),
+                       "auc": ci95([auc(v["curve"]) for v in seeds.values()]), "seeds": sorted(seeds)}
+                ratios = []
+                for s, v in seeds.items():
+                    b = base.get(policy, {}).get(s)
+                    if b is None:
+                        continue
+                    target = b["final"]
+                    rb, re = rollouts_to_target(b["curve"], target), rollouts_to_target(v["curve"], target)
+                    if rb:
+                        # never reaching the baseline's final accuracy counts as needing more than the whole budget
+                        ratios.append((re if re is not None else float(v["rollouts"]) * 2) / rb)
+                row["rollouts_to_target_ratio"] = ci95(ratios) if ratios else None
+                b_finals = {s: v["final"] for s, v in base.get(policy, {}).items()}
+                row["paired_vs_baseline"] = paired(finals, b_finals) if set(finals) & set(b_finals) and entry != spec.baseline else None
+                pair_out[entry][policy] = row
+        results["pairs"][pair] = pair_out
+    return results
+
+
+def _fmt(x: dict | None, pct: bool = True) -> str:
+    if x is None:
+        return "–"
+    m, h = x["mean"], x["ci95"]
+    if pct:
+        return f"{m * 100:+.1f}" if h is None else f"{m * 100:.1f} ± {h * 100:.1f}"
+    return f"{m:.2f}" if h is None else f"{m:.2f} ± {h:.2f}"
+
+
+def report_md(results: dict) -> str:
+    lines = [f"# {results['name']}", "", f"Seeds {results['seeds']}, {results['steps']} steps; baseline `{results['baseline']}`. "
+             "Accuracy is held-out greedy accuracy (points); ± is a 95 % confidence interval over seeds (Student's t). "
+             "Rollouts-to-target: rollouts an entry needs to reach the baseline's final accuracy, over the baseline's "
+             "(never reaching it counts as twice the budget). Paired: entry − baseline on the same seeds.", ""]
+    for pair, entries in results["pairs"].items():
+        policies = sorted({p for e in entries.values() for p in e})
+        lines += [f"## {pair}", "", "| entry | policy | final accuracy | gain | AUC | rollouts to target (×) | paired vs baseline |", "|---|---|---|---|---|---|---|"]
+        for entry, per in entries.items():
+            for policy in policies:
+                r = per.get(policy)
+                if r is None:
+                    continue
+                lines.append(f"| {entry} | {policy} | {_fmt(r['final_accuracy'])} | {_fmt(r['gain'])} | {_fmt(r['auc'])} | "
+                             f"{_fmt(r['rollouts_to_target_ratio'], pct=False)} | {_fmt(r['paired_vs_baseline'])} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(spec: CompareSpec, out: Path, results: dict) -> list[Path]:
+    """Held-out accuracy against rollouts per policy, mean over seeds with a 95 % band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for pair in spec.pairs:
+        policies = sorted({p for e in results["pairs"].get(pair, {}).values() for p in e})
+        if not policies:
+            continue
+        fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4), squeeze=False)
+        for ax, policy in zip(axes[0], policies):
+            for entry in spec.entries:
+                curves = []
+                for seed in spec.seeds:
+                    d = run_dir(out, entry, pair, seed)
+                    if (d / "summary.json").is_file():
+                        c = _curves(d).get(policy)
+                        if c:
+                            curves.append(sorted(c))
+                if not curves:
+                    continue
+                n = min(len(c) for c in curves)
+                xs = [curves[0][i][0] for i in range(n)]
+                stats = [ci95([c[i][1] for c in curves]) for i in range(n)]
+                ys = [s["mean"] for s in stats]
+                hw = [s["ci95"] or 0.0 for s in stats]
+                ax.plot(xs, ys, label=entry)
+                ax.fill_between(xs, [y - h for y, h in zip(ys, hw)], [y + h for y, h in zip(ys, hw)], alpha=0.15)
+            ax.set_title(f"{pair}: {policy}")
+            ax.set_xlabel("rollouts")
+            ax.set_ylabel("held-out accuracy")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"curves-{pair}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(spec: CompareSpec, out: Path) -> dict:
+    results = analyse(spec, out)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "report.md").write_text(report_md(results))
+    plot_curves(spec, out, results)
+    return results

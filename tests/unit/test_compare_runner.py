@@ -1,0 +1,78 @@
+"""`mutualrl compare`'s orchestration: resumes without rerunning finished runs, and reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mutualrl.app.compare import CompareSpec, run_all, write_report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _spec(tmp_path: Path) -> Path:
+    (tmp_path / "spec.yaml").write_text(f"""
+name: t
+baseline: grpo
+seeds: [0, 1, 2]
+steps: 2
+pairs: {{demo: {ROOT / 'examples' / 'demo.yaml'}}}
+entries: {{grpo: ["sharing.mode=none"], sgt: ["sharing.mode=sgt"]}}
+""")
+    return tmp_path / "spec.yaml"
+
+
+def _fake_run(calls: list, fail_at: int | None = None):
+    """Writes what `mutualrl run` writes: accuracy rises by 10 points for sgt, 5 for grpo."""
+    def run(cfg, d: Path):
+        if fail_at is not None and len(calls) == fail_at:
+            raise KeyboardInterrupt
+        calls.append((cfg.sharing.mode, cfg.seed))
+        d.mkdir(parents=True, exist_ok=True)
+        gain = 0.10 if cfg.sharing.mode == "sgt" else 0.05
+        recs = []
+        for p in cfg.policies:
+            start = 0.2 + 0.01 * cfg.seed
+            recs += [{"step": 0, "policy": p.name, "rollouts": 0, "eval_accuracy": start},
+                     {"step": 2, "policy": p.name, "rollouts": 256, "eval_accuracy": start + gain}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (d / "summary.json").write_text(json.dumps({"policies": {p.name: {"warm_start_accuracy": 0.2 + 0.01 * cfg.seed,
+                                                                          "final_accuracy": 0.2 + 0.01 * cfg.seed + gain, "rollouts": 256}
+                                                                 for p in cfg.policies}}))
+    return run
+
+
+def test_an_interrupted_compare_resumes_without_rerunning(tmp_path):
+    spec = CompareSpec.load(_spec(tmp_path))
+    calls: list = []
+    with pytest.raises(KeyboardInterrupt):
+        run_all(spec, tmp_path / "out", _fake_run(calls, fail_at=3))
+    assert len(calls) == 3
+    again: list = []
+    run_all(spec, tmp_path / "out", _fake_run(again))
+    assert len(again) == 6 - 3 and set(calls).isdisjoint(again)  # only the unfinished runs
+
+
+def test_report_holds_final_accuracy_gain_and_rollouts_to_target(tmp_path):
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", _fake_run([]))
+    res = write_report(spec, tmp_path / "out")
+    row = res["pairs"]["demo"]["sgt"]["llama-char"]
+    assert row["gain"]["mean"] == pytest.approx(0.10) and row["gain"]["ci95"] == pytest.approx(0.0, abs=1e-12)
+    assert row["final_accuracy"]["mean"] == pytest.approx(0.31)
+    # sgt reaches grpo's final (start + 5 points) halfway through: ratio 0.5 on every seed
+    assert row["rollouts_to_target_ratio"]["mean"] == pytest.approx(0.5)
+    assert row["paired_vs_baseline"]["mean"] == pytest.approx(0.05)
+    assert res["pairs"]["demo"]["grpo"]["llama-char"]["rollouts_to_target_ratio"]["mean"] == pytest.approx(1.0)
+    assert (tmp_path / "out" / "report.md").read_text().count("| sgt |") == 2
+    assert (tmp_path / "out" / "curves-demo.png").is_file()
+
+
+def test_a_bad_spec_is_one_clear_error(tmp_path):
+    (tmp_path / "bad.yaml").write_text("baseline: x\nseeds: [0]\npairs: {}\nentries: {y: []}\n")
+    from mutualrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="baseline 'x' is not one of the entries"):
+        CompareSpec.load(tmp_path / "bad.yaml")
