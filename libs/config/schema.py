@@ -232,6 +232,11 @@ class HacpoConfig(_Strict):
     self_clip_high: float = Field(4e-4, ge=0, description="GSPO ε_h on self rows.")
     max_abs_log_ratio: float = Field(10.0, gt=0, description="Clamp of the sequence log-ratio before exp.")
     binary_baseline_guard: bool = Field(True, description="Weighted baseline > 1 falls back to the learner's own mean (§2.3).")
+    schedule: Literal["paper", "rows"] = Field(
+        "paper", description="paper: own rows in self_minibatches equal parts, then each source's rows in cross_minibatches parts "
+        "(one source per mini-batch, as the authors run it); rows: consecutive algorithm.minibatch_rows, which must not straddle own and peer rows.")
+    self_minibatches: int = Field(2, ge=1, description="paper schedule: updates on own rows per step.")
+    cross_minibatches: int = Field(2, ge=1, description="paper schedule: updates on each source's rows per step.")
 
 
 class SharingConfig(_Strict):
@@ -359,6 +364,22 @@ class ExperimentConfig(_Strict):
     def _sharing_needs_peers(self) -> "ExperimentConfig":
         if self.sharing.mode != "none" and len(self.policies) < 2:
             raise ValueError(f"sharing.mode {self.sharing.mode!r} needs at least two policies")
+        if self.sharing.mode == "hacpo" and self.sharing.hacpo.schedule == "rows":
+            own = self.budget.prompts_per_step * self.budget.group_size
+            mb = self.algorithm.minibatch_rows
+            if mb is None or own % mb or mb % self.budget.group_size:
+                raise ValueError(f"sharing.hacpo.schedule rows: algorithm.minibatch_rows ({mb}) must divide the {own} own rows per step and be a "
+                                 f"multiple of group_size ({self.budget.group_size}), or mini-batches would mix own and peer rows "
+                                 "(use sharing.hacpo.schedule: paper)")
+        if self.sharing.mode == "hacpo":
+            # HACPO's cross-agent ratio uses the peer's log-probs as π_old of the source model; a
+            # sampler at another temperature or with top-k/top-p reports log-probs of a different
+            # distribution, so HACPO would weigh peer rows by the wrong ratio
+            for p in self.policies:
+                e = p.engine
+                if e.temperature != 1.0 or e.top_k or e.top_p < 1.0:
+                    raise ValueError(f"sharing.mode hacpo: policy {p.name!r} samples with temperature {e.temperature}, top_k {e.top_k}, top_p {e.top_p}; "
+                                     "its log-probs are not the model's (HACPO needs temperature 1 without top-k/top-p)")
         return self
 
     def check_paths(self, base: Path | None = None) -> None:

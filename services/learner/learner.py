@@ -45,6 +45,35 @@ def _minibatches(n: int, size: int | None) -> list[slice]:
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
 
+def hacpo_minibatches(kinds: list[int], sources: list[str], self_parts: int, cross_parts: int) -> list[slice]:
+    """HACPO as its authors run it: own rows in ``self_parts`` near-equal mini-batches, then each
+    source's rows (consecutive) in ``cross_parts`` — never two sources, never own and peer rows,
+    in one mini-batch. The stepwise clipping bound grows with the mini-batch index."""
+    n_own = 0
+    while n_own < len(kinds) and kinds[n_own] == OWN:
+        n_own += 1
+    if any(k == OWN for k in kinds[n_own:]):
+        raise ValueError("HACPO needs own rows before peer rows")
+    out = _split(0, n_own, self_parts)
+    i = n_own
+    while i < len(kinds):
+        j = i
+        while j < len(kinds) and sources[j] == sources[i]:
+            j += 1
+        out += _split(i, j, cross_parts)
+        i = j
+    return out
+
+
+def _split(start: int, stop: int, parts: int) -> list[slice]:
+    n = stop - start
+    if n <= 0:
+        return []
+    parts = min(parts, n)
+    bounds = [start + (n * k) // parts for k in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 class Learner:
     def __init__(
         self,
@@ -172,6 +201,7 @@ class Learner:
         a group missing rows (e.g. one rejected by THL) is dropped whole and counted."""
         peer_rows = sorted(intake.rows, key=lambda r: (r.prompt_id, r.source_policy, r.sample_index))
         if self.s.sharing.mode == "hacpo":
+            peer_rows.sort(key=lambda r: (r.source_policy, r.prompt_id, r.sample_index))  # one source per mini-batch
             sizes = Counter((r.prompt_id, r.source_policy) for r in peer_rows)
             complete = [r for r in peer_rows if sizes[(r.prompt_id, r.source_policy)] == r.group_size]
             metrics["incomplete_peer_rows"] = len(peer_rows) - len(complete)
@@ -245,7 +275,11 @@ class Learner:
         per_mb: list[dict] = []
         losses: list[float] = []
         grad_norms: list[float] = []
-        chunks = _minibatches(len(rows), a.minibatch_rows)
+        h = self.s.sharing.hacpo
+        if self.s.sharing.mode == "hacpo" and h.schedule == "paper":
+            chunks = hacpo_minibatches(rows.kind, rows.source, h.self_minibatches, h.cross_minibatches)
+        else:
+            chunks = _minibatches(len(rows), a.minibatch_rows)
         empty_updates = 0
         for m, sl in enumerate(chunks):
             prompts, completions = rows.prompt_ids[sl], rows.completion_ids[sl]

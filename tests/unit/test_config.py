@@ -127,3 +127,14 @@ def test_loss_specific_clip_defaults():
     assert load_config(DEMO, ["algorithm.clip_low=null", "algorithm.clip_high=null"]).algorithm.clip_bounds() == (0.2, 0.28)
     gspo = load_config(DEMO, ["algorithm.loss=gspo", "algorithm.clip_low=null", "algorithm.clip_high=null"])
     assert gspo.algorithm.clip_bounds() == (3e-4, 4e-4)
+
+
+def test_hacpo_refuses_samplers_whose_logprobs_are_not_the_models():
+    from mutualrl.config import ConfigError, load_config
+
+    base = Path(__file__).resolve().parents[2] / "examples" / "baselines" / "hacpo.yaml"
+    with pytest.raises(ConfigError, match="temperature 0.7"):
+        load_config(base, ["policies.1.engine.temperature=0.7"])
+    with pytest.raises(ConfigError, match="top_k 20"):
+        load_config(base, ["policies.0.engine.top_k=20"])
+    assert load_config(base).sharing.mode == "hacpo"

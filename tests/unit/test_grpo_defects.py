@@ -45,3 +45,28 @@ def test_capability_floor_applies_to_each_batch():
     t.update({"a": [-1.0, -1.0]})
     t.update({"a": [1.0, 1.0]})
     assert t.capability("a") == pytest.approx(0.5, abs=1e-7)
+
+
+def test_hacpo_paper_schedule_never_mixes_sources_or_own_and_peer_rows():
+    from mutualrl.services.learner.learner import hacpo_minibatches
+    from mutualrl.services.learner.objective import OWN, PEER
+
+    kinds = [OWN] * 128 + [PEER] * 96 + [PEER] * 64
+    sources = ["me"] * 128 + ["b"] * 96 + ["c"] * 64
+    mbs = hacpo_minibatches(kinds, sources, 2, 2)
+    assert [(s.start, s.stop) for s in mbs] == [(0, 64), (64, 128), (128, 176), (176, 224), (224, 256), (256, 288)]
+    for s in mbs:
+        assert len(set(sources[s])) == 1 and len(set(kinds[s])) == 1
+    with pytest.raises(ValueError):
+        hacpo_minibatches([PEER, OWN], ["b", "me"], 2, 2)
+
+
+def test_hacpo_rows_schedule_that_would_mix_is_refused():
+    from pathlib import Path
+
+    from mutualrl.config import ConfigError, load_config
+
+    base = Path(__file__).resolve().parents[2] / "examples" / "baselines" / "hacpo.yaml"
+    with pytest.raises(ConfigError, match="would mix own and peer rows"):
+        load_config(base, ["sharing.hacpo.schedule=rows", "algorithm.minibatch_rows=48"])
+    assert load_config(base, ["sharing.hacpo.schedule=rows", "algorithm.minibatch_rows=64"]).sharing.hacpo.schedule == "rows"
