@@ -87,11 +87,15 @@ def up(
 
     target = out_dir or Path(cfg.output_dir) / cfg.name
     try:
-        rc, summary = run_services(cfg, target, echo=lambda line: print(line, flush=True))
+        failure: list[str] = []
+        rc, summary = run_services(cfg, target, echo=lambda line: print(line, flush=True), failure=failure)
     except ConfigError as e:
         raise _fail(str(e))
     if rc != 0 or summary is None:
-        err.print("stopped before the budget was done" if rc == 130 else "a service kept failing; see the logs in " + str(target / "logs"))
+        if rc == 130:
+            err.print("stopped before the budget was done")
+        else:
+            err.print(f"[bold red]error:[/] {failure[0] if failure else 'a service kept failing'} (logs in {target / 'logs'})", highlight=False, soft_wrap=True)
         raise typer.Exit(rc)
     out.print(f"[bold]done[/] → {target}")
     for name, p in summary["policies"].items():

@@ -23,7 +23,7 @@ from typing import Callable
 
 from mutualrl.config import ExperimentConfig, dump_config
 from mutualrl.models.policy import default_cache_dir
-from mutualrl.runtime.exchange_setup import run_namespace
+from mutualrl.runtime.exchange_setup import hmac_key, probe_broker, redis_options, run_namespace
 from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
@@ -47,6 +47,20 @@ class Service:
     done: bool = False
     log_path: Path | None = None
     history: list[int] = field(default_factory=list)  # exit codes
+    last_error: str = ""  # the exception that ended its last traceback, or its last error log line
+    _in_traceback: bool = False
+
+    def note_output(self, line: str) -> None:
+        """Remember the last error: a traceback's final, unindented line (``ExcType: message``)."""
+        head = line.lstrip()
+        if head.startswith("Traceback") or (head.startswith("╭") and "Traceback" in head):  # plain or rich
+            self._in_traceback = True
+        elif self._in_traceback and line.strip() and not line[0].isspace() and line[0] not in "│╭╰─":
+            if not line.startswith(("During handling", "The above exception")):
+                self.last_error = line.strip()[:300]
+                self._in_traceback = False
+        elif '"level": "error"' in line:
+            self.last_error = line.strip()[:300]
 
 
 class Supervisor:
@@ -57,6 +71,7 @@ class Supervisor:
         self.services: list[Service] = []
         self.redis: RedisServer | None = None
         self.local_plan: LocalPlan | None = None
+        self.failure: str | None = None  # one line: which service kept crashing and its last error
         self._stopping = threading.Event()
 
     # ---- setup -----------------------------------------------------------
@@ -134,6 +149,7 @@ class Supervisor:
             for line in proc.stdout:
                 f.write(line)
                 f.flush()
+                s.note_output(line)
                 self.echo(f"[{s.name}] {line.rstrip()}")
 
     # ---- supervision -----------------------------------------------------
@@ -154,6 +170,7 @@ class Supervisor:
                     continue
                 if s.restarts >= self.cfg.launcher.max_restarts:
                     self.echo(f"[up] {s.name} exited with {rc} {s.restarts + 1} times; giving up")
+                    self.failure = f"{s.name} crashed {s.restarts + 1} times (exit {rc}); last error: {s.last_error or 'none printed'}"
                     return 1
                 s.restarts += 1
                 self.echo(f"[up] {s.name} exited with {rc}; restarting ({s.restarts}/{self.cfg.launcher.max_restarts})")
@@ -232,7 +249,9 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
     return summary
 
 
-def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] = print) -> tuple[int, dict | None]:
+def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] = print, failure: list | None = None) -> tuple[int, dict | None]:
+    """Returns (exit code, summary). A service that kept crashing puts one line naming it and
+    its last error into ``failure``."""
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
     sup = Supervisor(cfg, out, echo)
@@ -247,6 +266,9 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
         signal.signal(sig, on_signal)
     try:
         sup.plan()
+        if cfg.broker.url is not None:  # fail fast, as `mutualrl run` does, before any warm start
+            hmac_key(cfg.broker)
+            probe_broker(redis_options(cfg.broker, cfg.broker.url))
         starts = sup.prepare()
         sup.start()
         rc = sup.supervise()
@@ -257,5 +279,7 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
     if interrupted.is_set():
         return 130, None
     if rc != 0:
+        if failure is not None and sup.failure:
+            failure.append(sup.failure)
         return rc, None
     return 0, merge_outputs(cfg, out, starts, {s.name: s.restarts for s in sup.services})

@@ -52,6 +52,18 @@ def run_namespace(cfg: ExperimentConfig) -> str:
     return f"mutualrl:{cfg.name}:{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
+def probe_broker(opts: RedisOptions) -> None:
+    """Fail fast at start-up (ConfigError, one line) when Redis cannot be reached; services
+    retry patiently later. `mutualrl run` and `mutualrl up` both call it."""
+    probe = RedisBroker(replace(opts, retries=2, socket_timeout_s=3.0))
+    try:
+        probe.ping()
+    except Exception as e:  # noqa: BLE001 - any failure to reach the server is a config problem here
+        raise ConfigError(f"cannot reach Redis at {_redact(opts.url)}: {e}") from e
+    finally:
+        probe.close()
+
+
 @contextmanager
 def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterator[ExperienceExchange]:
     b = cfg.broker
@@ -71,15 +83,12 @@ def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterat
                 raise ConfigError(f"broker.backend redis without broker.url: {e}") from e
             url = server.url
         opts = redis_options(b, url)
-        probe = RedisBroker(replace(opts, retries=2, socket_timeout_s=3.0))  # fail fast at start-up, retry patiently later
         try:
-            probe.ping()
-        except Exception as e:  # noqa: BLE001 - any failure to reach the server is a config problem here
+            probe_broker(opts)
+        except ConfigError:
             if server is not None:
                 server.cleanup()
-            raise ConfigError(f"cannot reach Redis at {_redact(url)}: {e}") from e
-        finally:
-            probe.close()
+            raise
         broker = RedisBroker(opts)
     backpressure = Backpressure(b.max_backlog, b.on_backlog, b.block_timeout_s) if b.max_backlog else None
     ex = ExperienceExchange(

@@ -151,3 +151,17 @@ def test_sigterm_stops_every_service(tmp_path):
     assert proc.returncode == 130
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_a_crash_looping_service_is_stopped_with_one_line_naming_it_and_its_last_error(tmp_path):
+    # llama-char's rollout service points at an engine server that is not there: it exits at
+    # start, is restarted once, and `up` stops with one line instead of restarting forever
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"),
+                        "--set", "budget.steps=1", "--set", "launcher.max_restarts=1", "--set", "policies.0.engine.backend=vllm",
+                        "--set", "policies.0.engine.url=http://127.0.0.1:9"], capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert len(lines) == 1 and "llama-char.rollout crashed 2 times" in lines[0], lines
+    assert "EngineUnavailable: no vLLM server at http://127.0.0.1:9" in lines[0], lines
+    assert time.monotonic() - t0 < 300

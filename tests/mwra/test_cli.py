@@ -86,3 +86,16 @@ def test_up_refuses_gangs_that_do_not_fit_in_one_line(tmp_path):
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "minimum gangs need 5 GPUs but only 2" in lines[0]
     assert time.monotonic() - t0 < 30
+
+
+def test_up_with_an_unreachable_broker_exits_2_fast_in_one_line(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    p = subprocess.run([*CLI, "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"), "--set", "broker.backend=redis",
+                        "--set", f"broker.url=redis://127.0.0.1:{port}/0"], capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "cannot reach Redis" in lines[0], p.stdout + p.stderr
+    assert elapsed < 15, elapsed

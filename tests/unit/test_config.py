@@ -138,3 +138,21 @@ def test_hacpo_refuses_samplers_whose_logprobs_are_not_the_models():
     with pytest.raises(ConfigError, match="top_k 20"):
         load_config(base, ["policies.0.engine.top_k=20"])
     assert load_config(base).sharing.mode == "hacpo"
+
+
+def test_up_remembers_a_services_last_exception_line():
+    from mutualrl.app.launcher import Service
+
+    s = Service("a.rollout", "rollout", "a", [], 0)
+    for line in ["starting\n", "Traceback (most recent call last):\n", '  File "x.py", line 1, in <module>\n', "    raise X\n",
+                 "requests.exceptions.ConnectionError: HTTPConnectionPool(host='127.0.0.1', port=9)\n",
+                 "\n", "During handling of the above exception, another exception occurred:\n", "\n", "Traceback (most recent call last):\n",
+                 '  File "y.py", line 2\n', "mutualrl.services.rollout.http_engines.EngineUnavailable: vllm at http://127.0.0.1:9: not reachable\n"]:
+        s.note_output(line)
+    assert s.last_error == "mutualrl.services.rollout.http_engines.EngineUnavailable: vllm at http://127.0.0.1:9: not reachable"
+    rich = Service("b.rollout", "rollout", "b", [], 0)
+    for line in ["╭──────── Traceback (most recent call last) ────────╮\n", "│ /x.py:1 in f                                      │\n",
+                 "╰───────────────────────────────────────────────────╯\n", "EngineUnavailable: no vLLM server at http://127.0.0.1:9:\n",
+                 "/version (Caused by NewConnectionError(...))\n"]:
+        rich.note_output(line)
+    assert rich.last_error == "EngineUnavailable: no vLLM server at http://127.0.0.1:9:"
