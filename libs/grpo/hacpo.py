@@ -196,9 +196,9 @@ def hacpo_loss(
         metrics = {
             "kl": kl_value,
             "self_ratio_mean": float(sr.mean()) if sr.numel() else float("nan"),
-            "self_clip_frac": float(((sr < 1 - self_clip_low) | (sr > 1 + self_clip_high)).float().mean()) if sr.numel() else 0.0,
+            "self_clip_frac": float(((sr < 1 - self_clip_low) | (sr > 1 + self_clip_high)).float().mean()) if sr.numel() else float("nan"),
             "cross_ratio_mean": float(cr.mean()) if cr.numel() else float("nan"),
-            "cross_discarded_frac": float((cr < lower).float().mean()) if cr.numel() else 0.0,
+            "cross_discarded_frac": float((cr < lower).float().mean()) if cr.numel() else float("nan"),
             "cross_lower_bound": lower,
             "omega_mean": float(omega[~is_self & rows].mean()) if cr.numel() else float("nan"),
             "self_rows": int(sr.numel()),

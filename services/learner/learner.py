@@ -348,7 +348,10 @@ class Learner:
                 metrics.setdefault("_" + k, []).append(v)
         for k in [k for k in metrics if k.startswith("_")]:
             vals = [v for v in metrics.pop(k) if isinstance(v, (int, float)) and math.isfinite(v)]
-            metrics[k[1:]] = sum(vals) / len(vals) if vals else None
+            if k.endswith("_rows"):  # counts add up over mini-batches; everything else is a mean
+                metrics[k[1:]] = sum(vals)
+            else:
+                metrics[k[1:]] = sum(vals) / len(vals) if vals else None
         kl_value = metrics.get("kl") if metrics.get("kl") is not None else metrics.get("approx_kl")
         grad_norm = sum(grad_norms) / len(grad_norms)
         record = {
