@@ -62,6 +62,10 @@ class Broker(ABC):
         control-plane state (the latest heartbeat or weights version) after a restart."""
 
     @abstractmethod
+    def recent(self, stream: str, count: int) -> list[Entry]:
+        """Up to ``count`` newest entries of ``stream``, newest first (no consumer group involved)."""
+
+    @abstractmethod
     def groups(self, stream: str) -> list[dict]:
         """Per consumer group of ``stream``: ``name``, ``pending`` and ``lag`` (entries not yet delivered)."""
 

@@ -87,6 +87,8 @@ class ExperienceExchange:
         self.published: Counter[str] = Counter()
         self.backpressure_events: Counter[str] = Counter()  # blocked, dropped
         self.subscriptions: list[Subscription] = []
+        self.control_dead_lettered: Counter[str] = Counter()  # invalid control entries skipped by last(), by reason
+        self._control_rejected: set[tuple[str, str]] = set()
         self._headroom: dict[str, int] = {}  # stream -> publishes allowed before the next backlog check
 
     def _admit(self, stream: str, n: int) -> bool:
@@ -149,15 +151,35 @@ class ExperienceExchange:
             self.published[kinds[stream]] += len(items)
         return ids
 
-    def last(self, kind: str, producer: str) -> Received | None:
-        """The newest message of a stream, decoded and verified (None when empty or invalid)."""
-        e = self.broker.last(stream_name(self.namespace, kind, producer))
-        if e is None:
-            return None
-        try:
-            return Received(self.codec.decode(e.data), e)
-        except CodecError:
-            return None
+    def last(self, kind: str, producer: str, scan: int = 64) -> Received | None:
+        """The newest *valid* message of a control stream (a heartbeat, a weights announcement):
+        it decodes, verifies, carries ``kind`` and was sent by the stream's own ``producer``.
+        Newer junk is skipped and dead-lettered once, so an appended invalid entry cannot hide
+        the state before it (None when none of the ``scan`` newest entries is valid)."""
+        stream = stream_name(self.namespace, kind, producer)
+        for e in self.broker.recent(stream, scan):
+            try:
+                env = self.codec.decode(e.data)
+            except CodecError as err:
+                self._control_dead_letter(e, err.reason, str(err))
+                continue
+            if env.WhichOneof("payload") != kind:
+                self._control_dead_letter(e, "wrong_kind", f"{env.WhichOneof('payload')} on a {kind} stream")
+                continue
+            if env.producer != producer:
+                self._control_dead_letter(e, "wrong_producer", f"{env.producer!r} on {producer!r}'s stream")
+                continue
+            return Received(env, e)
+        return None
+
+    def _control_dead_letter(self, e: Entry, reason: str, detail: str) -> None:
+        key = (e.stream, e.entry_id)
+        if key in self._control_rejected:
+            return
+        self._control_rejected.add(key)
+        record = f"{reason}\x00{e.stream}\x00{e.entry_id}\x00{detail}\x00".encode() + e.data
+        self.broker.publish(dead_letter_stream(self.namespace), record, self.max_len)
+        self.control_dead_lettered[reason] += 1
 
     def subscribe(self, receiver: str, kinds: list[str], producers: list[str], consumer: str | None = None) -> "Subscription":
         for k in kinds:

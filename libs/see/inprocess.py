@@ -140,6 +140,14 @@ class InProcessBroker(Broker):
             s = self._streams.get(stream)
             return len(s.entries) if s else 0
 
+    def recent(self, stream: str, count: int) -> list[Entry]:
+        with self._cond:
+            s = self._streams.get(stream)
+            if not s:
+                return []
+            ids = list(s.entries)[-count:][::-1]
+            return [Entry(stream, i, s.entries[i], 0) for i in ids]
+
     def last(self, stream: str) -> Entry | None:
         with self._cond:
             s = self._streams.get(stream)

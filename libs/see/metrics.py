@@ -53,6 +53,8 @@ class SeeCollector(Collector):
                     dead.add_metric([ns, sub.group, key.split(":", 1)[1]], n)
                 else:
                     delivered.add_metric([ns, sub.group, key], n)
+        for reason, n in sorted(ex.control_dead_lettered.items()):  # junk found on control streams by last()
+            dead.add_metric([ns, "control", reason], n)
         yield delivered
         yield dupes
         yield dead

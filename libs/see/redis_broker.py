@@ -154,6 +154,9 @@ class RedisBroker(Broker):
     def streams(self, prefix: str = "") -> list[str]:
         return sorted(_id(k) for k in self.r.scan_iter(match=f"{prefix}*", _type="STREAM", count=1000))
 
+    def recent(self, stream: str, count: int) -> list[Entry]:
+        return [Entry(stream, _id(i), f.get(FIELD, b""), 0) for i, f in self.r.xrevrange(stream, count=count)]
+
     def last(self, stream: str) -> Entry | None:
         res = self.r.xrevrange(stream, count=1)
         if not res:

@@ -202,3 +202,22 @@ def test_last_returns_the_newest_message(_ex):
     for step in (1, 2, 3):
         ex.publish(pb.Heartbeat(role="learner", step=step), "a.learner")
     assert ex.last("heartbeat", "a.learner").payload.step == 3
+
+
+def test_junk_after_a_control_message_cannot_hide_it(_ex, broker):
+    # a valid heartbeat, then entries anyone with write access could append: random bytes, a
+    # signed message of the wrong kind, and one claiming another producer. last() returns the
+    # valid heartbeat and dead-letters each junk entry once, however often it is asked.
+    ex = _ex(key=b"k")
+    ex.publish(pb.Heartbeat(role="learner", step=3, version=3, status="ok"), "a.learner")
+    stream = stream_name("mutualrl:test", "heartbeat", "a.learner")
+    broker.publish(stream, b"\x00garbage", None)
+    broker.publish(stream, ex.codec.wrap_encoded(pb.WeightsPublished(policy="a", version=99), "a.learner")[1], None)
+    broker.publish(stream, ex.codec.wrap_encoded(pb.Heartbeat(role="learner", step=999), "mallory")[1], None)
+    for _ in range(2):
+        got = ex.last("heartbeat", "a.learner")
+        assert got is not None and got.payload.step == 3
+    assert dict(ex.control_dead_lettered) == {"decode_error": 1, "wrong_kind": 1, "wrong_producer": 1}
+    assert broker.length(dead_letter_stream("mutualrl:test")) == 3
+    ex.publish(pb.Heartbeat(role="learner", step=4, version=4, status="ok"), "a.learner")
+    assert ex.last("heartbeat", "a.learner").payload.step == 4
