@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from mutualrl.config import parse_config
@@ -64,4 +63,3 @@ def serve_controller(backend: Backend, leader, host: str, port: int, every_s: fl
         uvicorn.run(create_app(controller, token), host=host, port=port, log_level="warning")
     finally:
         stop.set()
-        time.sleep(0)

@@ -96,6 +96,8 @@ class Learner:
         self.s = settings
         self.ref_model = ref_model
         self.version = 0
+        # the size of a published version never changes: computed once, not on every step
+        self.weights_bytes = int(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.optim.lr, weight_decay=settings.optim.weight_decay)
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
         self.mode = get_sharing_mode(settings.sharing.mode)
@@ -376,7 +378,7 @@ class Learner:
             "ratio_mean": metrics.pop("ratio_mean", None),
             "train_s": time.monotonic() - t0,
             "stage_seconds": stages,
-            "weights_bytes": int(sum(t.numel() * t.element_size() for t in self.model.state_dict().values())),
+            "weights_bytes": self.weights_bytes,
             "tokens": int(sum(len(c) for c in rows.completion_ids)),
         }
         for k, v in metrics.items():

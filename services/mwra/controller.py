@@ -97,10 +97,8 @@ class Controller:
         exp.history.append({"generation": plan.generation, "reason": reason, "at": time.time(), "predicted_step_seconds": plan.predicted_step_seconds})
         self.metrics.replans.labels(reason).inc()
         self.metrics.show(plan)
-        record = getattr(self.backend, "record_event", None)
-        if record is not None:
-            record(exp.spec, "Planned" if reason == "initial" else "Replanned",
-                   f"generation {plan.generation} ({reason}): " + ", ".join(f"{k} {a.rollout_gpus}+{a.learner_gpus}" for k, a in plan.allocations.items()))
+        self.backend.record_event(exp.spec, "Planned" if reason == "initial" else "Replanned",
+                                  f"generation {plan.generation} ({reason}): " + ", ".join(f"{k} {a.rollout_gpus}+{a.learner_gpus}" for k, a in plan.allocations.items()))
 
     def replan(self, exp: Experiment, reason: str, force: bool = False) -> bool:
         # plan for the costs halfway through what is left, at most 25 steps ahead (as simulated)

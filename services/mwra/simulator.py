@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
@@ -103,8 +104,9 @@ def plan_from_counts(demands: Sequence[PolicyDemand], counts: dict[str, int], no
     for d in demands:
         g = counts[d.name]
         splits[d.name] = best_split(d, g)[:2] if g >= d.min_gang else (g, 0)
+    whole = [d for d in demands if counts[d.name] >= d.min_gang]
     try:
-        placed = pack([d for d in demands if counts[d.name] >= d.min_gang], {k: v for k, v in splits.items() if counts[k] >= next(d for d in demands if d.name == k).min_gang}, nodes)
+        placed = pack(whole, {d.name: splits[d.name] for d in whole}, nodes)
     except PlanningError:
         placed = {}
     for d in demands:
@@ -114,22 +116,27 @@ def plan_from_counts(demands: Sequence[PolicyDemand], counts: dict[str, int], no
     return Plan(allocs, sum(n.gpus for n in nodes), lower_bound_step_seconds(demands, sum(n.gpus for n in nodes)), generation, reason)
 
 
-class Strategy:
+class Strategy(ABC):
+    """How a fleet's GPUs are divided: a first plan, optional re-plans as steps are measured,
+    and a plan after a node is lost."""
+
     name = "strategy"
 
     def __init__(self) -> None:
         self.replans = 0
         self.plan: Plan | None = None
 
+    @abstractmethod
     def initial(self, estimates: Sequence[PolicyDemand], nodes: Sequence[Node]) -> Plan:
-        raise NotImplementedError
+        """The plan the run starts with, from the seeded cost estimates."""
 
     def observe(self, demand: PolicyDemand, generate_s: float, train_s: float, remaining_steps: int) -> Plan | None:
         """A step finished; return a new plan to move to it."""
         return None
 
+    @abstractmethod
     def node_lost(self, nodes: Sequence[Node], remaining_steps: int) -> Plan:
-        raise NotImplementedError
+        """The plan on the nodes that are left."""
 
 
 class EqualSplit(Strategy):

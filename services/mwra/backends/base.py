@@ -59,6 +59,10 @@ class Backend(ABC):
     def poll(self) -> list[BackendEvent]:
         """Reconcile once: repair what drifted and report what happened since the last call."""
 
+    def record_event(self, spec: RunSpec, reason: str, message: str, kind: str = "Normal") -> None:
+        """Tell a person what MWRA decided (Kubernetes Events); backends without such a record
+        keep nothing."""
+
 
 class InMemoryBackend(Backend):
     """A cluster in a dict, for the controller's planning logic in tests: nodes can be lost,

@@ -28,6 +28,7 @@ from mutualrl.services.mwra.planner import Node, Plan
 
 log = logging.getLogger("mutualrl.mwra.kubernetes")
 DISCOVERY_ORDER = ("kueue", "kai", "volcano", "native")
+_PLURALS = {"PodGroup": "podgroups"}  # the gang backends' custom objects
 
 
 def _served(api: client.ApiClient, group: str, version: str, resource: str) -> bool:
@@ -172,7 +173,7 @@ class KubernetesBackend(Backend):
         if kind == "ConfigMap":
             return self.api.sanitize_for_serialization(self.core.create_namespaced_config_map(ns, obj))
         group, version = obj["apiVersion"].split("/")
-        plural = {"PodGroup": "podgroups"}[kind]
+        plural = _PLURALS[kind]
         return self.custom.create_namespaced_custom_object(group, version, ns, plural, obj) or obj
 
     def _delete(self, obj: dict) -> None:
@@ -186,7 +187,7 @@ class KubernetesBackend(Backend):
                 self.core.delete_namespaced_config_map(name, ns)
             else:
                 group, version = obj["apiVersion"].split("/")
-                self.custom.delete_namespaced_custom_object(group, version, ns, {"PodGroup": "podgroups"}[kind], name)
+                self.custom.delete_namespaced_custom_object(group, version, ns, _PLURALS[kind], name)
         except ApiException as e:
             if e.status != 404:
                 raise
