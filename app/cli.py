@@ -253,6 +253,8 @@ def controller(
     kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
     admission_timeout_s: float = typer.Option(600.0, "--admission-timeout", min=1.0),
     reconcile_every_s: float = typer.Option(5.0, "--reconcile-every", min=0.1),
+    redis: Optional[str] = typer.Option(None, "--redis", envvar="MUTUALRL_REDIS_URL",
+                                        help="Redis the runs' services publish on: follow their heartbeats for measured step costs."),
 ) -> None:
     """Serve the MWRA control API (bearer token from MUTUALRL_API_TOKEN or MUTUALRL_API_TOKEN_FILE)."""
     from mutualrl.app.controller_app import build_backend, serve_controller
@@ -276,7 +278,9 @@ def controller(
             load_config(submit, check_paths=False)
         except ConfigError as e:
             raise _fail(str(e))
-    serve_controller(be, leader, host, port, reconcile_every_s, submit=submit)
+    if redis is None:
+        out.print("no --redis (or MUTUALRL_REDIS_URL): plans use seeded costs until steps are POSTed to /v1/experiments/{id}/steps")
+    serve_controller(be, leader, host, port, reconcile_every_s, submit=submit, redis_url=redis)
 
 
 @app.command()

@@ -9,6 +9,7 @@ from mutualrl.config import parse_config
 from mutualrl.services.mwra.api import create_app, read_token
 from mutualrl.services.mwra.backends.base import Backend, InMemoryBackend
 from mutualrl.services.mwra.controller import Controller
+from mutualrl.services.mwra.heartbeats import HeartbeatFollower
 from mutualrl.services.mwra.planner import Node
 
 
@@ -38,16 +39,32 @@ def build_backend(kind: str, gpus: int | None, node_gpus: int, namespace: str, g
     return KubernetesBackend(api, namespace, gang=gang, admission_timeout_s=admission_timeout_s, static_nodes=static), LeaderElection(api, namespace)
 
 
-def reconcile_forever(controller: Controller, every_s: float, stop: threading.Event, log=print) -> None:
+def heartbeat_connector(redis_url: str):
+    """``connect(exp)`` for the follower: the experiment's SEE namespace (its run id) on the
+    Redis the pods use, signed with the key its config names (read from this process's env)."""
+    from mutualrl.runtime.exchange_setup import hmac_key, redis_options
+    from mutualrl.see import ExperienceExchange, RedisBroker
+
+    def connect(exp):
+        b = exp.config.broker
+        return ExperienceExchange(RedisBroker(redis_options(b, redis_url)), exp.id, hmac_key=hmac_key(b))
+
+    return connect
+
+
+def reconcile_forever(controller: Controller, every_s: float, stop: threading.Event, log=print, follower: HeartbeatFollower | None = None) -> None:
     while not stop.is_set():
         try:
             controller.tick()
+            if follower is not None:
+                follower.poll_once()
         except Exception as e:  # noqa: BLE001 - a failed reconcile is retried on the next tick, never fatal
             log(f"reconcile failed: {type(e).__name__}: {e}")
         stop.wait(every_s)
 
 
-def serve_controller(backend: Backend, leader, host: str, port: int, every_s: float = 5.0, submit: Path | None = None, **controller_kwargs) -> None:
+def serve_controller(backend: Backend, leader, host: str, port: int, every_s: float = 5.0, submit: Path | None = None,
+                     redis_url: str | None = None, **controller_kwargs) -> None:
     import uvicorn
 
     token = read_token()
@@ -58,7 +75,8 @@ def serve_controller(backend: Backend, leader, host: str, port: int, every_s: fl
         cfg = parse_config(text, str(submit), check_paths=False)
         controller.submit(cfg, text, exp_id=cfg.name.lower().replace("_", "-").replace(".", "-")[:40])
     stop = threading.Event()
-    threading.Thread(target=reconcile_forever, args=(controller, every_s, stop), daemon=True).start()
+    follower = HeartbeatFollower(controller, heartbeat_connector(redis_url)) if redis_url else None
+    threading.Thread(target=reconcile_forever, args=(controller, every_s, stop), kwargs={"follower": follower}, daemon=True).start()
     try:
         uvicorn.run(create_app(controller, token), host=host, port=port, log_level="warning")
     finally:

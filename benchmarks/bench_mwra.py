@@ -51,14 +51,16 @@ def main() -> int:
     # steady costs: re-plans per 50 steps
     steady = max(run(sc, Mwra(sc.move_cost_s)).replans / (sc.steps / 50)
                  for n, g in GRID for r in RATIOS for s in range(args.seeds) for sc in [build_scenario(n, g, r, seed=s, steps=args.steps, drift=0.0)])
-    # node loss: pace after the re-plan over the new lower bound, and over the best static plan's pace
+    # node loss: pace after the re-plan over the new lower bound, and over the best static plan in
+    # hindsight on the smaller fleet (what any integer plan could reach there)
     loss = []
     for n, g in [(4, 32), (6, 64)]:
         for r in RATIOS:
             for s in range(args.seeds):
                 sc = build_scenario(n, g, r, seed=s, steps=args.steps, node_loss_step=args.steps // 2)
-                res = run(sc, Mwra(sc.move_cost_s))
-                loss.append((n, g, r, s, res.post_loss_over_new_lower_bound, res.replans))
+                res = compare(sc, ("mwra", "best_static"))
+                best = res["best_static"].post_loss_over_new_lower_bound if res["best_static"] else None
+                loss.append((n, g, r, s, res["mwra"].post_loss_over_new_lower_bound, best))
     # planning time: 64 policies on 1,024 GPUs (best of 5)
     rng = random.Random(0)
     demands = [PolicyDemand(f"p{i}", rng.uniform(1, 10), rng.uniform(0.3, 0.7), rollout_tp=rng.choice([1, 2, 4])) for i in range(64)]
@@ -69,13 +71,19 @@ def main() -> int:
         times.append(time.perf_counter() - t)
     plan_ms = min(times) * 1000
     print()
-    print(f"worst MWRA makespan / lower bound        {worst['mwra_lb']:.3f}   (goal <= 1.15; cells above: {misses_lb})")
+    print(f"worst MWRA makespan / lower bound        {worst['mwra_lb']:.3f}   (goal <= 1.15)")
+    print(f"  cells above 1.15 as (N, G, ratio, MWRA/LB, best static/LB): {misses_lb}")
+    print("  the lower bound ignores minimum gangs, integer rollout/learner splits and TP pairs; where the best")
+    print("  static integer plan in hindsight is above 1.15 too, no plan of whole GPUs meets that goal")
     print(f"worst MWRA / best static (N <= 4)       {worst['mwra_best']:.3f}   (goal <= 1.05)")
     print(f"least equal split / MWRA at ratio >= 4  {worst['equal_gain_min']:.2f}x  (goal >= 1.3x)")
     print(f"partial-gang GPU-seconds (MWRA)         {worst['partial']:.0f}       (goal 0)")
     print(f"re-plans per 50 steps, steady costs     {steady:.2f}    (goal <= 1)")
     worst_loss = max(x[4] for x in loss if x[4] is not None)
-    print(f"after a node loss: pace / new LB        worst {worst_loss:.3f} (goal <= 1.2); re-plans {sorted({x[5] for x in loss})}")
+    vs_best = max(x[4] / x[5] for x in loss if x[4] is not None and x[5] is not None)
+    worst_best_loss = max(x[5] for x in loss if x[5] is not None)
+    print(f"after a node loss: pace / new LB        worst {worst_loss:.3f} (goal <= 1.2; best static in hindsight itself reaches {worst_best_loss:.3f})")
+    print(f"after a node loss: MWRA / best static   worst {vs_best:.3f} (one re-plan at the loss)")
     print(f"planning 64 policies on 1,024 GPUs      {plan_ms:.1f} ms (goal < 50 ms)")
     ok &= worst["equal_gain_min"] >= 1.3 and worst["partial"] == 0 and steady <= 1 and plan_ms < 50
     return 0 if ok else 1

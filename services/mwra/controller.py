@@ -35,6 +35,8 @@ class Experiment:
     measured: MeasuredCosts = field(default_factory=MeasuredCosts)
     steps: dict[str, int] = field(default_factory=dict)  # policy -> newest reported step
     pending: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)  # (policy, step) -> stage seconds
+    moved_at: dict[str, int] = field(default_factory=dict)  # policy -> its newest step when its split last changed
+    stale_reports: int = 0  # measurements dropped because the step ran on a split since replaced
     history: list[dict] = field(default_factory=list)  # plan generations with their reasons
 
     @property
@@ -113,6 +115,10 @@ class Controller:
             decision = decide_replan(demands, exp.plan, candidate, exp.remaining_steps, self.move_cost_s, self.min_gain)
             if not decision.replan:
                 return False
+        for name, a in candidate.allocations.items():
+            old = exp.plan.allocations.get(name)
+            if old is None or (old.rollout_gpus, old.learner_gpus) != (a.rollout_gpus, a.learner_gpus):
+                exp.moved_at[name] = exp.steps.get(name, 0)
         self.backend.apply(exp.spec, candidate)
         self._record(exp, candidate, reason)
         return True
@@ -120,11 +126,20 @@ class Controller:
     # ---- measurements --------------------------------------------------------------------------
     def report_step(self, exp_id: str, policy: str, role: str, step: int, stage_seconds: dict[str, float]) -> bool:
         """A service's stage times for one step; once both roles reported, it is a measurement.
-        Returns whether the plan changed."""
+        Returns whether the plan changed.
+
+        A step that started before its policy's split changed ran on the *old* GPUs: dividing
+        its seconds by the new split's speed would mis-measure W, so steps up to one past the
+        newest step seen at the move (the one in flight) are dropped and counted."""
         with self.lock:
             exp = self.experiments[exp_id]
             if policy not in exp.plan.allocations:
                 raise KeyError(policy)
+            if policy in exp.moved_at and step <= exp.moved_at[policy] + 1:
+                exp.steps[policy] = max(exp.steps.get(policy, 0), step)
+                exp.stale_reports += 1
+                exp.pending.pop((policy, step), None)
+                return False
             part = exp.pending.setdefault((policy, step), {})
             part.update({f"{role}:{k}": float(v) for k, v in stage_seconds.items()})
             exp.steps[policy] = max(exp.steps.get(policy, 0), step)
@@ -173,5 +188,5 @@ class Controller:
 
     def view(self, exp: Experiment) -> dict:
         return {"id": exp.id, "name": exp.config.name, "status": exp.status, "created": exp.created, "policies": [p.name for p in exp.config.policies],
-                "plan_generation": exp.plan.generation, "remaining_steps": exp.remaining_steps, "steps": dict(exp.steps), "history": exp.history}
+                "plan_generation": exp.plan.generation, "remaining_steps": exp.remaining_steps, "stale_reports": exp.stale_reports, "steps": dict(exp.steps), "history": exp.history}
 

@@ -130,8 +130,9 @@ class Strategy(ABC):
     def initial(self, estimates: Sequence[PolicyDemand], nodes: Sequence[Node]) -> Plan:
         """The plan the run starts with, from the seeded cost estimates."""
 
-    def observe(self, demand: PolicyDemand, generate_s: float, train_s: float, remaining_steps: int) -> Plan | None:
-        """A step finished; return a new plan to move to it."""
+    def observe(self, demand: PolicyDemand, split: tuple[int, int], generate_s: float, train_s: float, remaining_steps: int) -> Plan | None:
+        """A step finished on ``split`` (rollout, learner GPUs: the one it *ran* on, which for a
+        step in flight during a move is the old one); return a new plan to move to it."""
         return None
 
     @abstractmethod
@@ -203,9 +204,8 @@ class Mwra(Strategy):
         self.plan = make_plan(self.demands, self.nodes)
         return self.plan
 
-    def observe(self, demand, generate_s, train_s, remaining_steps):
-        a = self.plan.allocations[demand.name]
-        self.measured.observe(demand, a.rollout_gpus, a.learner_gpus, generate_s, train_s)
+    def observe(self, demand, split, generate_s, train_s, remaining_steps):
+        self.measured.observe(demand, *split, generate_s, train_s)
         if len(self.measured.values) < len(self.demands):
             return None  # re-plan only once every policy has been measured
         current = self.measured.apply(self.demands, self.horizon(remaining_steps))
@@ -271,7 +271,7 @@ def run(scenario: Scenario, strategy: Strategy, costs: np.ndarray | None = None)
     partial = 0.0
     busy = 0.0
     lag = 0
-    completions: list[tuple[float, int, int, float, float]] = []
+    completions: list[tuple[float, int, int, float, float, tuple[int, int]]] = []
     timeline: list[tuple[float, str, int]] = []
     loss_time: float | None = None
     loss_progress = 0
@@ -315,7 +315,7 @@ def run(scenario: Scenario, strategy: Strategy, costs: np.ndarray | None = None)
         start, k = best
         # the controller sees every step that finished before this one starts, in order
         while completions and completions[0][0] <= start:
-            t, j, s_j, gen_s, train_s = heapq.heappop(completions)
+            t, j, s_j, gen_s, train_s, split = heapq.heappop(completions)
             timeline.append((t, truth[j].name, s_j))
             if sc.node_loss_step is not None and loss_time is None and min(done) >= sc.node_loss_step:
                 loss_time, loss_progress = t, max(done)
@@ -323,7 +323,7 @@ def run(scenario: Scenario, strategy: Strategy, costs: np.ndarray | None = None)
                 nodes, node_failed = nodes[1:], True  # node-0 fails: its gangs restart elsewhere
                 apply(strategy.node_lost(nodes, S - min(done)), t)
                 continue
-            new = strategy.observe(truth[j], gen_s, train_s, S - min(done))
+            new = strategy.observe(truth[j], split, gen_s, train_s, S - min(done))
             if new is not None:
                 apply(new, t)
         start = max(start, ready_at[k])
@@ -339,8 +339,8 @@ def run(scenario: Scenario, strategy: Strategy, costs: np.ndarray | None = None)
         busy += a.rollout_gpus * gen_s + a.learner_gpus * train_s
         done[k] = s
         lag = max(lag, max(done) - min(done))
-        heapq.heappush(completions, (finish[k, s], k, s, gen_s, train_s))
-    timeline += [(t, truth[j].name, s_j) for t, j, s_j, _, _ in sorted(completions)]
+        heapq.heappush(completions, (finish[k, s], k, s, gen_s, train_s, (a.rollout_gpus, a.learner_gpus)))
+    timeline += [(t, truth[j].name, s_j) for t, j, s_j, *_ in sorted(completions)]
     makespan = float(finish[:, S].max())
     times = sorted(t for t, _, _ in timeline)
     gaps = np.diff([0.0, *times]) if times else np.array([makespan])
