@@ -68,6 +68,9 @@ def _atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+PRODUCTION_KIND = "qwen2.5"  # a production vocabulary (151,646 tokens), rebuilt offline, not trained
+
+
 def load_policy(
     *,
     path: str | None = None,
@@ -99,6 +102,10 @@ def load_policy(
     elif path:
         tok = load_tokenizer(path)
         tok_key = ("path", path)
+    elif tokenizer_kind == PRODUCTION_KIND:
+        from mutualrl.models.production import qwen25_tokenizer  # it imports this module's cache helpers
+
+        tok, tok_key = qwen25_tokenizer(cache_dir), ("production", PRODUCTION_KIND)
     else:
         if not tokenizer_kind or corpus is None:
             raise ValueError("a built policy needs a tokenizer kind and a corpus (or a tokenizer path)")

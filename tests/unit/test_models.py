@@ -119,3 +119,18 @@ def test_loaded_policies_have_no_dropout(arithmetic_task):
     model.eval()
     b, _ = sequence_logprobs(model, p, c, pad_id=tok.pad_token_id)
     assert torch.allclose(a, b)
+
+
+def test_a_policy_on_the_production_qwen_vocabulary():
+    """tokenizer.kind qwen2.5: the real 151k vocabulary, rebuilt offline; the built model's
+    embeddings cover it and a prompt + completion round-trips through it."""
+    from mutualrl.config import parse_config
+
+    arts = load_policy(family="qwen2", shape=SHAPE, tokenizer_kind="qwen2.5")
+    assert len(arts.tokenizer) > 150_000
+    assert arts.model.get_input_embeddings().num_embeddings >= len(arts.tokenizer)
+    ids = encode_prompt(arts.tokenizer, "123+456=", False) + encode_completion(arts.tokenizer, "579")
+    assert arts.tokenizer.decode(ids, skip_special_tokens=True) == "123+456=579"
+    assert ids[-1] == arts.tokenizer.eos_token_id
+    cfg = parse_config("name: q\npolicies: [{name: q, model: {family: qwen2}, tokenizer: {kind: qwen2.5}}]\n", "t")
+    assert cfg.policies[0].tokenizer.kind == "qwen2.5"
