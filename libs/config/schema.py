@@ -1,6 +1,6 @@
 """Pydantic schema of an experiment. Every field documents its default and why.
 
-Defaults follow algorithms.md §5 where they are paper values, scaled down where
+Defaults follow docs/algorithms.md §5 where they are paper values, scaled down where
 the embedded CPU default needs it (noted per field).
 """
 
@@ -12,7 +12,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SHARING_MODES = ("none", "naive", "prp", "xgrpo", "sgt", "hacpo")
-"""Sharing modes the run loop implements (design.md vocabulary)."""
+"""Sharing modes the run loop implements (docs/algorithms.md §3.3)."""
 
 
 class _Strict(BaseModel):
@@ -83,7 +83,7 @@ class OptimConfig(_Strict):
 
 
 class WarmStartConfig(_Strict):
-    """A supervised pass so RL starts with signal (design.md, "No hub at run time")."""
+    """A supervised pass so RL starts with signal (nothing is downloaded at run time: tiny models are built and warm-started here)."""
 
     enabled: bool = True
     max_steps: int = Field(3000, ge=0, description="Upper bound on SFT steps.")
@@ -160,7 +160,7 @@ class TaskConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    """Base objective of every learner (algorithms.md §1.1–§1.2, defaults from §5)."""
+    """Base objective of every learner (docs/algorithms.md §1.1–§1.2, defaults from §5)."""
 
     loss: Literal["grpo", "gspo", "gspo_token"] = Field(
         "grpo", description="Policy loss: grpo (token PPO-clip), gspo (sequence ratio, §1.2) or gspo_token."
@@ -189,7 +189,7 @@ class AlgorithmConfig(_Strict):
 
 
 class SgtConfig(_Strict):
-    """Success-Gated Transfer (algorithms.md §3.3)."""
+    """Success-Gated Transfer (docs/algorithms.md §3.3)."""
 
     variant: Literal["nll", "group_insert"] = Field("nll", description="nll: λ·length-normalised NLL term; group_insert: y* joins the group (ratio 1).")
     weight: float = Field(0.1, ge=0, description="λ_SGT, weight of the rescue NLL term (nll variant).")
@@ -198,7 +198,7 @@ class SgtConfig(_Strict):
 
 
 class PrpConfig(_Strict):
-    """Peer Rollout Pooling (algorithms.md §3.3)."""
+    """Peer Rollout Pooling (docs/algorithms.md §3.3)."""
 
     ratio_level: Literal["sequence", "token"] = Field("sequence", description="Density ratio per sequence (exp(ℓ̄_n − ℓ̄_m), robust to THL) or per token.")
     truncation: float = Field(1.0, gt=0, description="C of min(w, C): 1 HACPO-style, 2 TIS.")
@@ -206,14 +206,14 @@ class PrpConfig(_Strict):
 
 
 class XgrpoConfig(_Strict):
-    """Cross-policy advantage sharing (algorithms.md §3.3)."""
+    """Cross-policy advantage sharing (docs/algorithms.md §3.3)."""
 
     variant: Literal["pooled", "calibrated", "leave_self_out"] = Field("pooled", description="How peer AdvantageStats enter the baseline.")
     peer_weight: float = Field(1.0, ge=0, description="λ, weight of each peer sample in the pooled baseline and scale.")
 
 
 class CapabilityConfig(_Strict):
-    """Capability tracker (algorithms.md §2.2), used by hacpo and xgrpo's calibrated variant."""
+    """Capability tracker (docs/algorithms.md §2.2), used by hacpo and xgrpo's calibrated variant."""
 
     window: int = Field(5, ge=1, description="K, batches in the moving average (the current one included).")
     metric: Literal["positive_rate", "reward_mean"] = Field("positive_rate", description="Per-batch capability measure.")
@@ -224,7 +224,7 @@ class CapabilityConfig(_Strict):
 
 
 class HacpoConfig(_Strict):
-    """HACPO (algorithms.md §2.7; defaults from §2.8)."""
+    """HACPO (docs/algorithms.md §2.7; defaults from §2.8)."""
 
     alpha: float = Field(1.0, ge=0, description="Exponent of the exponential IS s·sg[s]^α on cross rows.")
     delta: float = Field(0.2, ge=0, le=1, description="Stepwise clipping: cross lower bound 1 − δ at mini-batch 0.")

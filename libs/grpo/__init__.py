@@ -1,6 +1,6 @@
 """Losses, advantages and sharing modes as pure functions over tensors (no I/O).
 
-Every function cites the formula it implements in ``shared/algorithms.md``
+Every function cites the formula it implements in ``docs/algorithms.md``
 (section numbers below refer to that file). Shapes: ``B`` rows (completions),
 ``T`` completion tokens, ``G`` group size, ``M`` peers.
 """

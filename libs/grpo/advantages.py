@@ -1,4 +1,4 @@
-"""Group-relative advantages (algorithms.md §1.1)."""
+"""Group-relative advantages (docs/algorithms.md §1.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loss aggregation over tokens and sequences (algorithms.md §1.1; the modes verl names)."""
+"""Loss aggregation over tokens and sequences (docs/algorithms.md §1.1; the modes verl names)."""
 
 from __future__ import annotations
 

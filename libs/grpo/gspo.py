@@ -1,4 +1,4 @@
-"""GSPO: sequence-level importance ratio (algorithms.md §1.2).
+"""GSPO: sequence-level importance ratio (docs/algorithms.md §1.2).
 
 GSPO replaces GRPO's per-token ratio by the length-normalised sequence ratio
 ``s_i = exp((1/|y_i|) Σ_t (log π_θ − log π_old))``, which matches the unit of

@@ -1,4 +1,4 @@
-"""HACPO: heterogeneous agent collaborative policy optimisation (algorithms.md §2).
+"""HACPO: heterogeneous agent collaborative policy optimisation (docs/algorithms.md §2).
 
 Pieces, each as specified in §2.2–§2.7 (the [CODE] conventions of HACRL-code
 where the paper leaves a choice):

@@ -1,4 +1,4 @@
-"""KL estimators against a reference policy (algorithms.md §1.1, verl ``kl_penalty``)."""
+"""KL estimators against a reference policy (docs/algorithms.md §1.1, verl ``kl_penalty``)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ class SharingMode:
     name: str
     peer_kinds: tuple[str, ...]  # SEE payload kinds the learner reads from peers
     peer_rows: bool  # peer completions (THL-converted) become training rows
-    section: str  # where algorithms.md specifies it
+    section: str  # where docs/algorithms.md specifies it
     summary: str
 
 

@@ -1,4 +1,4 @@
-"""Policy-gradient losses (algorithms.md §1.1 GRPO token-level PPO-clip)."""
+"""Policy-gradient losses (docs/algorithms.md §1.1 GRPO token-level PPO-clip)."""
 
 from __future__ import annotations
 

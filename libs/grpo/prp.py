@@ -1,4 +1,4 @@
-"""PRP: peer rollouts pooled into the learner's group with truncated density ratios (algorithms.md §3.3).
+"""PRP: peer rollouts pooled into the learner's group with truncated density ratios (docs/algorithms.md §3.3).
 
 Own rows keep the base PPO/GSPO objective; peer rows (already retokenised by
 THL) enter with an importance weight against the peer's behaviour policy:

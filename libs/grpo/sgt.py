@@ -1,4 +1,4 @@
-"""Success-Gated Transfer: verified peer successes as a rescue set (algorithms.md §3.3 SGT).
+"""Success-Gated Transfer: verified peer successes as a rescue set (docs/algorithms.md §3.3 SGT).
 
 The rescue loss ascends ``log π_n(y*|x)``, a lower bound of the log success
 probability ``log p_n(x)`` (§3.4), exactly on prompts where the learner's own

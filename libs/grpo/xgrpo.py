@@ -1,4 +1,4 @@
-"""XGRPO: peer-informed group baselines from shared ``AdvantageStats`` (algorithms.md §3.3).
+"""XGRPO: peer-informed group baselines from shared ``AdvantageStats`` (docs/algorithms.md §3.3).
 
 The learner trains only on its own rollouts (on-policy support is kept); peers
 contribute scalars — their group's count, mean and std for the same prompt —

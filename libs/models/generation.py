@@ -4,7 +4,7 @@ We sample with our own KV-cached loop rather than ``model.generate`` so that the
 returned log-probs are exactly ``log_softmax`` of the distribution the token was
 drawn from (after temperature and top-k/top-p), with no hidden generation-config
 defaults (transformers defaults ``top_k`` to 50). These are the behaviour
-log-probs ``log π_old`` of algorithms.md §1.1.
+log-probs ``log π_old`` of docs/algorithms.md §1.1.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The prompt distributor: every policy samples the same prompts at step t (design.md data flow)."""
+"""The prompt distributor: every policy samples the same prompts at step t (docs/architecture.md, "One training step")."""
 
 from __future__ import annotations
 

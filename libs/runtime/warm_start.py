@@ -4,7 +4,7 @@ Tiny random models never sample a correct answer, and GRPO gives zero advantage
 to all-fail groups; a short SFT pass on reference answers lifts held-out
 accuracy into a range where RL (and sharing) has something to work with. The
 pass stops as soon as a held-out check reaches ``target_accuracy`` — a fixed
-step count is unreliable because accuracy jumps abruptly (environment.md).
+step count is unreliable because accuracy jumps abruptly (measured on the demo models).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SEE — the Shared Experience Exchange (design.md).
+"""SEE — the Shared Experience Exchange (docs/architecture.md, "Messages").
 
 Typed protobuf messages in an :class:`~mutualrl.v1.experience_pb2.Envelope`,
 carried on streams (one per experience type and producer) with one consumer

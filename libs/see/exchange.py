@@ -17,7 +17,7 @@ DEAD_LETTER = "deadletter"
 
 
 def stream_name(namespace: str, kind: str, producer: str) -> str:
-    """``<namespace>:<kind>:<producer>`` — one stream per experience type and producer (design.md)."""
+    """``<namespace>:<kind>:<producer>`` — one stream per experience type and producer (docs/architecture.md, "Messages")."""
     return f"{namespace}:{kind}:{producer}"
 
 

@@ -3,7 +3,7 @@
 A task yields :class:`Problem` objects (prompt text + reference answer); a
 :class:`Verifier` scores a completion against a problem with a binary reward.
 Rewards are computed on the rollout side and re-checked by any receiver of a
-peer's claimed success (design.md, "a peer is never trusted blindly"), so
+peer's claimed success (a peer is never trusted blindly: docs/algorithms.md §3.2), so
 verifiers are pure, deterministic and cheap.
 """
 

@@ -1,4 +1,4 @@
-"""THL — the Tokenizer Heterogeneity Layer (design.md; algorithms.md §3.2, §4).
+"""THL — the Tokenizer Heterogeneity Layer (docs/algorithms.md §3.2, §4).
 
 Moves experience between vocabularies: canonical text from the producer's ids,
 the receiver's ids for the same text, byte-offset alignment groups

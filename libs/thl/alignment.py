@@ -1,4 +1,4 @@
-"""Byte spans per token and many-to-many alignment groups (algorithms.md §3.2 step 2, §4).
+"""Byte spans per token and many-to-many alignment groups (docs/algorithms.md §3.2 step 2, §4).
 
 Byte-level BPE vocabularies give exact spans by table lookup (a token that
 splits a multi-byte character owns its bytes, so it groups with the token that

@@ -1,4 +1,4 @@
-"""Conversion of one completion between tokenizers, with its residual (algorithms.md §3.2)."""
+"""Conversion of one completion between tokenizers, with its residual (docs/algorithms.md §3.2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Zero-trust intake of peer experience: staleness bound, re-verification, THL conversion, budget.
 
-A peer is never trusted blindly (design.md): a claimed success or reward is
+A peer is never trusted blindly (docs/algorithms.md §3.2): a claimed success or reward is
 re-scored by the receiver's own verifier, statistics are sanity-checked, and
 text that the receiver's tokenizer cannot carry within the THL budget is
 rejected. Every rejection is counted by reason; nothing is dropped silently.
@@ -44,7 +44,7 @@ class PeerRow:
     """A peer's completion in the receiver's token space (a training row for naive/prp/hacpo).
 
     ``completion_ids`` end with the receiver's EOS when the peer stopped on EOS, but
-    the terminal EOS is outside the probability contract (algorithms.md §2.10): its
+    the terminal EOS is outside the probability contract (docs/algorithms.md §2.10): its
     ``mask`` is 0 and ``source_mean_logprob`` excludes the source's EOS. An EOS-only
     completion maps to the receiver's EOS, which then carries the whole contract.
     """

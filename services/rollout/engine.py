@@ -1,4 +1,4 @@
-"""The engine interface every rollout backend implements (engines.md §6)."""
+"""The engine interface every rollout backend implements (docs/engines.md §6)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ class HFEngine(RolloutEngine):
     """Owns its own copy of the model, so the learner's in-flight updates never leak into sampling.
 
     Log-probs are ``log_softmax`` after temperature and top-k/p ("processed",
-    engines.md §1), which equals the raw policy at T=1 without filters.
+    docs/engines.md §1), which equals the raw policy at T=1 without filters.
     """
 
     def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightStore, device: str = "cpu", name: str = ""):

@@ -1,4 +1,4 @@
-"""vLLM and SGLang rollout backends, driven over their HTTP servers (shared/engines.md §2, §3, §6).
+"""vLLM and SGLang rollout backends, driven over their HTTP servers (docs/engines.md §2, §3, §6).
 
 Neither engine installs on CPU machines, so the adapters speak only HTTP to a
 server started with the documented launch flags, probe its version and

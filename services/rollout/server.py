@@ -55,7 +55,7 @@ def validate_generate(req: rpb.GenerateRequest, vocab_size: int, limits: dict[st
     if len(req.prompts) > limits["max_prompts"]:
         raise RequestError(bad, f"{len(req.prompts)} prompts exceed the limit of {limits['max_prompts']}")
     if not req.HasField("sampling"):
-        raise RequestError(bad, "sampling is required (engines.md §6: every field explicit)")
+        raise RequestError(bad, "sampling is required (docs/engines.md §6: every field explicit)")
     s = req.sampling
     if not 1 <= s.n <= limits["max_n"]:
         raise RequestError(bad, f"sampling.n must be in [1, {limits['max_n']}]; got {s.n}")

@@ -81,7 +81,7 @@ class RolloutWorker:
         flat = [s for group in groups for s in group]
         all_texts = self.tok.batch_decode([s.token_ids for s in flat], skip_special_tokens=True, clean_up_tokenization_spaces=False)
         # whether each sampled path is the canonical encoding of its text: computed once here, in
-        # one batch for the step, rather than by every receiver's THL (algorithms.md §3.2)
+        # one batch for the step, rather than by every receiver's THL (docs/algorithms.md §3.2)
         eos = self.tok.eos_token_id
         fresh = self.tok(all_texts, add_special_tokens=False)["input_ids"]
         all_canonical = [f == (list(s.token_ids[:-1]) if s.token_ids and s.token_ids[-1] == eos else list(s.token_ids)) for f, s in zip(fresh, flat)]

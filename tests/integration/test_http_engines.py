@@ -1,5 +1,5 @@
 """Contract tests of the vLLM and SGLang adapters against stand-in HTTP servers that answer
-the documented routes (shared/engines.md §2, §3): neither engine runs without a GPU, so the
+the documented routes (docs/engines.md §2, §3): neither engine runs without a GPU, so the
 adapters are thin and these tests pin down exactly what they send and how they read answers."""
 
 import json

@@ -1,4 +1,4 @@
-"""Hand-computed checks of the GRPO core (algorithms.md §1.1) and SGT (§3.3)."""
+"""Hand-computed checks of the GRPO core (docs/algorithms.md §1.1) and SGT (§3.3)."""
 
 import math
 

@@ -1,6 +1,6 @@
 """GSPO, XGRPO, HACPO, PRP and SGT group-insert against hand-computed values (arithmetic in
 comments), loop-versus-vectorised equivalence, and the stop-gradient behaviour each
-formula specifies (algorithms.md §1.2, §2, §3.3)."""
+formula specifies (docs/algorithms.md §1.2, §2, §3.3)."""
 
 import math
 import statistics

@@ -18,7 +18,7 @@ def test_exact_conversion_preserves_text_and_logprob_sum(tokenizers, src, tgt, t
     assert c.text == text
     assert t.decode(c.target_ids, skip_special_tokens=True) == text
     assert c.residual.roundtrip_ok and c.residual.unaligned_fraction == 0.0
-    # EOS is excluded from the probability contract (algorithms.md §2.10)
+    # EOS is excluded from the probability contract (docs/algorithms.md §2.10)
     assert sum(c.target_logprobs) == pytest.approx(sum(lps[:-1]), abs=1e-9)
     assert c.residual.logprob_residual == pytest.approx(0.0, abs=1e-9)
     assert all(c.target_mask)

@@ -1,5 +1,5 @@
 """Property tests (hypothesis, random Unicode) for THL across tokenizers of different algorithms,
-one of them the production Qwen2.5 vocabulary (algorithms.md §3.2, §4)."""
+one of them the production Qwen2.5 vocabulary (docs/algorithms.md §3.2, §4)."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
