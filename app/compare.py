@@ -7,7 +7,8 @@ A SPEC file::
     baseline: isolated-grpo          # the entry the others are measured against
     seeds: [0, 1, 2, 3, 4]
     steps: 60                         # budget.steps for every run (optional)
-    quick: {seeds: [0, 1], steps: 20} # what `--quick` runs instead (optional)
+    quick: {seeds: [0, 1], steps: 20} # what `--quick` runs instead (optional; may also narrow
+                                      # entries: [...] and pairs: [...])
     pairs:                            # each a full experiment file (two or more policies)
       char-vs-bpe: examples/evidence/pair-char-bpe.yaml
     entries:                          # overrides applied to every pair's file
@@ -66,6 +67,10 @@ class CompareSpec:
             spec.steps = spec.quick.get("steps", spec.steps)
             if "entries" in spec.quick:
                 spec.entries = {k: v for k, v in spec.entries.items() if k in spec.quick["entries"] or k == spec.baseline}
+            if "pairs" in spec.quick:
+                spec.pairs = {k: v for k, v in spec.pairs.items() if k in spec.quick["pairs"]}
+                if not spec.pairs:
+                    raise ConfigError(f"{path}: quick.pairs names none of the pairs")
         for name, p in spec.pairs.items():
             if not p.is_file():
                 raise ConfigError(f"{path}: pair {name!r}: {p} does not exist")

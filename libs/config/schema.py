@@ -339,7 +339,10 @@ class MwraConfig(_Strict):
 
 class ExperimentConfig(_Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    seed: int = 0
+    seed: int = Field(0, description="Seed of the RL run: prompt order, sampling, update order.")
+    base_seed: Optional[int] = Field(
+        None, description="Seed of what every run starts from — the task's train/eval split, the model's initial weights and its warm "
+                          "start; None = `seed`. Fix it to compare seeds of RL from one starting checkpoint, as papers fine-tune one base model.")
     output_dir: str = Field("runs", description="Runs go to <output_dir>/<name> unless --out is given.")
     policies: list[PolicyConfig] = Field(..., min_length=1)
     task: TaskConfig = Field(default_factory=TaskConfig)
@@ -351,6 +354,11 @@ class ExperimentConfig(_Strict):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     mwra: MwraConfig = Field(default_factory=MwraConfig)
+
+    @property
+    def start_seed(self) -> int:
+        """The seed of the starting point: the task split, model initialisation and warm start."""
+        return self.seed if self.base_seed is None else self.base_seed
 
     @field_validator("policies")
     @classmethod

@@ -31,7 +31,7 @@ def input_errors(what: str) -> Iterator[None]:
 
 def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
     t = cfg.task
-    common = {"seed": cfg.seed, "eval_size": t.eval_size}
+    common = {"seed": cfg.start_seed, "eval_size": t.eval_size}
     with input_errors(f"task {t.name}"):
         if t.name == "arithmetic":
             task = build_task("arithmetic", train_size=t.train_size, min_digits=t.min_digits, max_digits=t.max_digits, operators=t.operators, **common)
@@ -60,7 +60,7 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
             path=p.model.path, family=p.model.family,
             shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size, p.model.max_positions),
             tokenizer_path=p.tokenizer.path, tokenizer_kind=p.tokenizer.kind, vocab_size=p.tokenizer.vocab_size,
-            corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=cfg.seed + index, cache_dir=cache,
+            corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=cfg.start_seed + index, cache_dir=cache,
         )
     arts.model.to(p.engine.device)
     steps = 0
@@ -68,7 +68,7 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
         phase(f"[{p.name}] warm start (target {p.warm_start.target_accuracy:.0%})")
         ws = warm_start(
             arts.model, arts.tokenizer, task.train, task.eval, verifier, p.warm_start,
-            source=arts.source, task_fingerprint=task.fingerprint(), seed=cfg.seed + index,
+            source=arts.source, task_fingerprint=task.fingerprint(), seed=cfg.start_seed + index,
             max_new_tokens=cfg.budget.max_new_tokens, cache_dir=cache, chat_template=p.tokenizer.chat_template,
             on_progress=lambda s, a, n=p.name: phase(f"[{n}] warm start step {s}: held-out {a:.1%}"),
         )

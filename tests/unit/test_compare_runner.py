@@ -76,3 +76,32 @@ def test_a_bad_spec_is_one_clear_error(tmp_path):
 
     with pytest.raises(ConfigError, match="baseline 'x' is not one of the entries"):
         CompareSpec.load(tmp_path / "bad.yaml")
+
+
+def test_quick_narrows_seeds_steps_entries_and_pairs(tmp_path):
+    (tmp_path / "spec.yaml").write_text(f"""
+baseline: grpo
+seeds: [0, 1, 2]
+pairs: {{a: {ROOT / 'examples' / 'demo.yaml'}, b: {ROOT / 'examples' / 'demo.yaml'}}}
+entries: {{grpo: [], sgt: ["sharing.mode=sgt"], prp: ["sharing.mode=prp"]}}
+quick: {{seeds: [0], steps: 3, entries: [sgt], pairs: [b]}}
+""")
+    spec = CompareSpec.load(tmp_path / "spec.yaml", quick=True)
+    assert spec.seeds == [0] and spec.steps == 3 and list(spec.pairs) == ["b"]
+    assert set(spec.entries) == {"grpo", "sgt"}  # the baseline always stays
+    (tmp_path / "bad.yaml").write_text((tmp_path / "spec.yaml").read_text().replace("pairs: [b]", "pairs: [zz]"))
+    with pytest.raises(Exception, match="quick.pairs"):
+        CompareSpec.load(tmp_path / "bad.yaml", quick=True)
+
+
+def test_the_evidence_suite_is_valid():
+    """Every entry of the committed evidence spec applies cleanly to every pair."""
+    from mutualrl.config import load_config
+
+    spec = CompareSpec.load(ROOT / "examples" / "evidence" / "compare.yaml")
+    assert len(spec.seeds) >= 5 and len(spec.pairs) >= 2 and len(spec.entries) == 8
+    for pair, path in spec.pairs.items():
+        for entry, sets in spec.entries.items():
+            cfg = load_config(path, sets)
+            assert len({p.model.family for p in cfg.policies}) == 2, pair
+            assert cfg.task.min_digits == 3 and cfg.base_seed is not None

@@ -156,3 +156,17 @@ def test_up_remembers_a_services_last_exception_line():
                  "/version (Caused by NewConnectionError(...))\n"]:
         rich.note_output(line)
     assert rich.last_error == "EngineUnavailable: no vLLM server at http://127.0.0.1:9:"
+
+
+def test_base_seed_fixes_the_starting_point_across_run_seeds():
+    """`base_seed` pins the task split (and with it the warm start's cache key); `seed` then
+    varies only the RL run. Without it the run seed moves both."""
+    from mutualrl.config import parse_config
+    from mutualrl.runtime.policy_setup import build_task_from_config
+
+    text = "name: s\npolicies: [{name: a, model: {family: llama}, tokenizer: {kind: char}}]\ntask: {eval_size: 16}\n"
+    fixed = [build_task_from_config(parse_config(text + f"seed: {s}\nbase_seed: 7\n", "t"))[0] for s in (0, 1)]
+    assert fixed[0].fingerprint() == fixed[1].fingerprint() and fixed[0].eval == fixed[1].eval
+    free = [build_task_from_config(parse_config(text + f"seed: {s}\n", "t"))[0] for s in (0, 1)]
+    assert free[0].fingerprint() != free[1].fingerprint()
+    assert parse_config(text + "seed: 3\n", "t").start_seed == 3
