@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-vllm test-deploy deploy-tools bench proto clean
+.PHONY: setup demo test lint test-slow test-vllm test-deploy deploy-tools bench proto clean
 
 setup: $(STAMP) $(GEN_STAMP) $(REDIS_STAMP)
 
@@ -56,8 +56,12 @@ $(REDIS_STAMP): $(STAMP)
 demo: setup
 	$(BIN)/mutualrl run $(CONFIG)
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not deploy" --ignore=tests/deploy tests
+
+# pyflakes-class errors everywhere; a docstring on every public class of the package
+lint: setup
+	$(BIN)/ruff check libs services app tests benchmarks
 
 # The deployment artifacts, each checked by its own ecosystem's tools (no container engine or
 # cluster needed): Debian's prometheus (promtool, and a real server scraping a real run) and

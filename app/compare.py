@@ -35,6 +35,7 @@ from mutualrl.runtime.outputs import read_metrics
 
 @dataclass
 class CompareSpec:
+    """A compare spec: entries (config overrides) x pairs (experiment files) x seeds, and its quick profile."""
     name: str
     baseline: str
     seeds: list[int]

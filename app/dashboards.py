@@ -16,6 +16,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Panel:
+    """One Grafana panel: a title, its PromQL expressions and how to draw them."""
     title: str
     exprs: tuple[str, ...]
     unit: str = "short"
@@ -27,6 +28,7 @@ class Panel:
 
 @dataclass(frozen=True)
 class Dashboard:
+    """One Grafana dashboard, rendered to the JSON the chart and compose provision."""
     uid: str
     title: str
     description: str

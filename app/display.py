@@ -13,6 +13,7 @@ from mutualrl.app.embedded import Reporter
 
 
 class LiveReporter(Reporter):
+    """Prints a run's progress (warm start, steps, evaluations) to the terminal as it happens."""
     def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
         self.console = Console()

@@ -45,6 +45,7 @@ def _engine_errors(policy: str) -> Iterator[None]:
 
 @dataclass
 class PolicyRuntime:
+    """One policy inside `mutualrl run`: its rollout worker, learner and evaluation state in this process."""
     name: str
     artifacts: PolicyArtifacts
     worker: RolloutWorker

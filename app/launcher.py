@@ -36,6 +36,7 @@ from mutualrl.services.mwra.planner import PlanningError
 
 @dataclass
 class Service:
+    """One child process of `mutualrl up` (a rollout or learner service), with its restarts and last output."""
     name: str  # "<policy>.rollout" | "<policy>.learner"
     role: str
     policy: str
@@ -64,6 +65,7 @@ class Service:
 
 
 class Supervisor:
+    """Starts every service of `mutualrl up` from the plan, restarts crashed ones and stops all together."""
     def __init__(self, cfg: ExperimentConfig, out_dir: Path, echo: Callable[[str], None] = print):
         self.cfg = cfg
         self.out = out_dir

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
 import time
 
 import redis

@@ -57,6 +57,7 @@ class TokenizerConfig(_Strict):
 
 
 class EngineConfig(_Strict):
+    """Where a policy's rollouts are generated: the in-process hf engine or a vLLM/SGLang server."""
     backend: Literal["hf", "vllm", "sglang"] = Field(
         "hf", description="Rollout engine: hf (transformers, in-process; the embedded default), or a vllm / sglang server at `url`."
     )
@@ -77,6 +78,7 @@ class EngineConfig(_Strict):
 
 
 class OptimConfig(_Strict):
+    """The learner's AdamW settings for one policy."""
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate for RL (paper: 1e-6 for billion-scale models; tiny CPU models need more).")
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
@@ -119,6 +121,7 @@ class ResourcesConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
+    """One policy: its model, tokenizer, engine, optimiser, warm start and GPU needs."""
     name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$", description="Policy id: lower-case letters, digits, - and _.")
     model: ModelConfig
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
@@ -137,6 +140,7 @@ class PolicyConfig(_Strict):
 
 
 class TaskConfig(_Strict):
+    """The verifiable task every policy is trained on and evaluated with."""
     name: Literal["arithmetic", "countdown", "jsonl"] = "arithmetic"
     verifier: str = Field("default", description="`default` (the task's own), `exact`, `math` or `countdown`.")
     path: Optional[str] = Field(None, description="JSONL file for task `jsonl`.")
@@ -241,6 +245,7 @@ class HacpoConfig(_Strict):
 
 
 class SharingConfig(_Strict):
+    """Which experience the policies exchange (docs/algorithms.md §3.3) and each mode's settings."""
     mode: Literal["none", "naive", "prp", "xgrpo", "sgt", "hacpo"] = Field(
         "none", description="How learners use peer experience: none | naive | prp | xgrpo | sgt | hacpo."
     )
@@ -253,12 +258,14 @@ class SharingConfig(_Strict):
 
 
 class ThlConfig(_Strict):
+    """How peer text is retokenised and when a converted message is rejected (docs/algorithms.md §3.2)."""
     max_unaligned: float = Field(0.02, ge=0, le=1, description="Reject converted messages whose unaligned-byte fraction exceeds this.")
     require_roundtrip: bool = Field(True, description="Reject messages whose text does not survive the receiver's encode/decode.")
     placement: Literal["spread", "last"] = Field("spread", description="Where a group's transported log-prob goes: spread over its tokens or on the last.")
 
 
 class BudgetConfig(_Strict):
+    """How much RL each policy gets: steps, prompts per step, samples per prompt, response length."""
     steps: int = Field(30, ge=0, description="RL steps (optimiser updates per learner).")
     prompts_per_step: int = Field(16, ge=1, description="Prompts per step, the same for every policy.")
     group_size: int = Field(8, ge=1, description="G, completions per prompt per policy.")
@@ -266,6 +273,7 @@ class BudgetConfig(_Strict):
 
 
 class EvalConfig(_Strict):
+    """How often and on how many held-out problems greedy accuracy is measured."""
     every: int = Field(5, ge=1, description="Held-out greedy evaluation every N steps (and at the end).")
     size: int = Field(256, ge=1, description="Held-out problems per evaluation.")
 
@@ -338,6 +346,7 @@ class MwraConfig(_Strict):
 
 
 class ExperimentConfig(_Strict):
+    """A whole experiment file: what `mutualrl validate`, `run`, `up` and the controller read."""
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = Field(0, description="Seed of the RL run: prompt order, sampling, update order.")
     base_seed: Optional[int] = Field(

@@ -15,6 +15,7 @@ from mutualrl.grpo.registry import Registry
 
 @dataclass(frozen=True)
 class SharingMode:
+    """What a sharing mode needs from peers and which loss terms it adds (docs/algorithms.md §3.3)."""
     name: str
     peer_kinds: tuple[str, ...]  # SEE payload kinds the learner reads from peers
     peer_rows: bool  # peer completions (THL-converted) become training rows

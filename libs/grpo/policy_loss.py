@@ -14,6 +14,7 @@ POLICY_LOSSES: Registry = Registry("policy loss")
 
 @dataclass
 class PolicyLossOutput:
+    """A policy loss with its detached diagnostics (clip fractions, ratios)."""
     loss: torch.Tensor  # scalar, differentiable
     metrics: dict[str, float] = field(default_factory=dict)  # detached diagnostics
 

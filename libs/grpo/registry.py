@@ -8,6 +8,7 @@ F = TypeVar("F")
 
 
 class Registry(Generic[F]):
+    """Named implementations (losses, advantage estimators) looked up from config strings."""
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, F] = {}

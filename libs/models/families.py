@@ -16,6 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 @dataclass(frozen=True)
 class ModelShape:
+    """The size of a model built here: width, depth, heads, MLP width, context."""
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 @dataclass
 class Sample:
+    """One sampled completion: its token ids, per-token log-probs and why it stopped."""
     token_ids: list[int]  # completion ids, EOS included when the sample ended on it
     logprobs: list[float]  # one per token id
     finish_reason: str  # "stop" (EOS) or "length"

@@ -32,6 +32,7 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class PolicyArtifacts:
+    """A loaded policy: model, tokenizer, and the fingerprints that key caches and peers' conversions."""
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     source: str  # "built:<hash>" or the local path it was loaded from

@@ -15,6 +15,7 @@ Health = Callable[[], dict]
 
 
 class OpsServer:
+    """A service's operations endpoint: /metrics and /healthz."""
     def __init__(self, registry: CollectorRegistry, health: Health, host: str = "127.0.0.1", port: int = 0):
         registry_, health_ = registry, health
 

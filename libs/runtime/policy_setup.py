@@ -44,6 +44,7 @@ def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
 
 @dataclass
 class PreparedPolicy:
+    """A policy ready to train: its config, artifacts and how many warm-start steps it took."""
     config: PolicyConfig
     index: int
     arts: PolicyArtifacts

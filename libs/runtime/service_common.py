@@ -22,6 +22,7 @@ from mutualrl.see import ExperienceExchange, RedisBroker
 
 @dataclass
 class ServiceArgs:
+    """The command-line arguments every `mutualrl serve` role shares."""
     config: Path
     policy: str
     namespace: str
@@ -65,6 +66,7 @@ def stop_flag() -> threading.Event:
 
 
 class ServiceContext:
+    """What a running service holds: its config, task, exchange and stop signal."""
     def __init__(self, args: ServiceArgs):
         import torch
 

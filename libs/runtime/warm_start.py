@@ -30,6 +30,7 @@ from mutualrl.tasks import Problem, Verifier
 
 @dataclass
 class WarmStartResult:
+    """How a warm start ended: steps taken, held-out accuracy, and whether it came from the cache."""
     steps: int
     accuracy: float
     seconds: float

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Entry:
+    """One raw stream entry as the broker returns it: stream, id and bytes."""
     stream: str
     entry_id: str  # "<ms>-<seq>", monotonically increasing per stream
     data: bytes

@@ -27,6 +27,7 @@ def dead_letter_stream(namespace: str) -> str:
 
 @dataclass(frozen=True)
 class Received:
+    """A decoded, verified message together with the stream entry it came from (for ack)."""
     envelope: pb.Envelope
     entry: Entry
 

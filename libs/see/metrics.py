@@ -23,6 +23,7 @@ DEAD_LETTER_REASONS = ("decode_error", "unknown_schema_version", "invalid", "bad
 
 
 class SeeCollector(Collector):
+    """Exports the exchange's counters (published, consumed, dead-lettered, backpressure) to Prometheus."""
     def __init__(self, exchange: ExperienceExchange):
         self.ex = exchange
 

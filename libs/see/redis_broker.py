@@ -26,6 +26,7 @@ FIELD = b"d"
 
 @dataclass(frozen=True)
 class RedisOptions:
+    """How to reach Redis: URL, credentials, TLS and retry behaviour."""
     url: str = "redis://127.0.0.1:6379/0"
     username: str | None = None  # ACL user (Redis 6+); None = the default user
     password: str | None = None
@@ -61,6 +62,7 @@ def _id(raw: bytes | str) -> str:
 
 
 class RedisBroker(Broker):
+    """The SEE broker on Redis Streams: consumer groups, acks, retries across restarts."""
     def __init__(self, options: RedisOptions | None = None, client: redis.Redis | None = None, default_max_len: int | None = None):
         self.options = options or RedisOptions()
         self.r = client or connect(self.options)

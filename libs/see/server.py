@@ -22,6 +22,7 @@ import redis
 
 
 class ServerNotFound(RuntimeError):
+    """No redis-server (or compatible) binary was found to start a local broker."""
     pass
 
 

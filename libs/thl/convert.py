@@ -49,6 +49,7 @@ class ThlBudget:
 
 @dataclass
 class Converted:
+    """A peer message retokenised for the learner, with its transported log-probs and residuals."""
     text: str
     target_ids: list[int]  # receiver's completion ids, no EOS (the receiver appends its own)
     groups: list[AlignmentGroup]

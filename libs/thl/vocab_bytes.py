@@ -45,6 +45,7 @@ _TRANSLATE.update({cp: 0xFFFF for cp in range(256) if cp not in _TRANSLATE})
 
 @dataclass(frozen=True)
 class VocabBytes:
+    """The bytes each token of a vocabulary stands for, so tokenisations can be aligned on byte offsets."""
     pieces: list[bytes]  # bytes of each token id (b"" where irregular)
     lengths: np.ndarray  # [V] int64, len(pieces[i])
     regular: np.ndarray  # [V] bool: the token is an ordinary byte-level token

@@ -37,6 +37,7 @@ def verify_checksum(uri: str, checksum: str) -> None:
 
 
 class WeightStore:
+    """Versioned, checksummed weight checkpoints that learners publish and rollout engines load."""
     def __init__(self, root: str | Path | None = None, keep: int = 2):
         self.root = Path(root) if root else None
         self.keep = keep

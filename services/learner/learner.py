@@ -29,6 +29,7 @@ from mutualrl.v1 import experience_pb2 as pb
 
 @dataclass
 class LearnerSettings:
+    """The learner's algorithm settings, taken from the experiment's algorithm and sharing sections."""
     group_size: int
     algorithm: AlgorithmConfig
     sharing: SharingConfig
@@ -75,6 +76,7 @@ def _split(start: int, stop: int, parts: int) -> list[slice]:
 
 
 class Learner:
+    """One policy's trainer: turns its rollouts and admitted peer experience into optimiser steps."""
     def __init__(
         self,
         policy: str,

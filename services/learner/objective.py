@@ -69,6 +69,7 @@ class Rows:
 
 @dataclass
 class StepAdvantages:
+    """The advantages of one step's rows, with the statistics the metrics report."""
     advantages: torch.Tensor  # [N]
     omega: torch.Tensor  # [N], HACPO's ω on cross rows (1 elsewhere)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -84,6 +85,7 @@ def right_aligned(rows: list[list[float]], T: int) -> torch.Tensor:
 
 
 class StepObjective:
+    """The loss terms of one mini-batch (own rows, peer rows, rescues) before they are summed."""
     def __init__(self, policy: str, algorithm: AlgorithmConfig, sharing: SharingConfig, max_new_tokens: int, tracker: CapabilityTracker | None):
         self.policy = policy
         self.a = algorithm

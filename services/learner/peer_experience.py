@@ -75,6 +75,7 @@ class PeerStats:
 
 @dataclass
 class IntakeResult:
+    """What one step's peer experience became: admitted rows, rescues, and rejections by reason."""
     rescues: list[RescueItem] = field(default_factory=list)
     rows: list[PeerRow] = field(default_factory=list)
     stats: dict[str, list[PeerStats]] = field(default_factory=dict)  # prompt_id -> one per peer
@@ -108,6 +109,7 @@ class IntakeResult:
 
 
 class PeerIntake:
+    """Admits peer experience: re-verifies claimed successes, checks staleness, retokenises through THL."""
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,

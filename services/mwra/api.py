@@ -23,6 +23,7 @@ TOKEN_ENV, TOKEN_FILE_ENV = "MUTUALRL_API_TOKEN", "MUTUALRL_API_TOKEN_FILE"
 
 
 class TokenMissing(RuntimeError):
+    """The controller was started without a bearer token (MUTUALRL_API_TOKEN or MUTUALRL_API_TOKEN_FILE)."""
     pass
 
 
@@ -42,10 +43,12 @@ def read_token(env: dict[str, str] | None = None) -> str:
 
 
 class Submission(BaseModel):
+    """An experiment submitted to the controller, as the YAML `mutualrl validate` reads."""
     config_yaml: str = Field(..., max_length=1_000_000, description="The experiment file, as `mutualrl validate` reads it.")
 
 
 class StepReport(BaseModel):
+    """One service's stage seconds for one step: a measurement of the policy's step cost."""
     policy: str = Field(..., max_length=40)
     role: str = Field(..., pattern="^(rollout|learner)$")
     step: int = Field(..., ge=0, le=10_000_000)

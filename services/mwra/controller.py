@@ -24,6 +24,7 @@ from mutualrl.services.mwra.planner import MeasuredCosts, Node, Plan, PlanningEr
 
 @dataclass
 class Experiment:
+    """A submitted experiment: its config, plan, measured costs, progress and plan history."""
     id: str
     config: ExperimentConfig
     yaml: str
@@ -45,6 +46,7 @@ class Experiment:
 
 
 class Controller:
+    """Plans experiments onto the backend's GPUs and re-plans from measured step costs or lost nodes."""
     def __init__(self, backend: Backend, registry: CollectorRegistry | None = None, leader=None, min_gain: float = 0.10,
                  move_cost_s: float = 120.0, ema_alpha: float = 0.2):
         self.backend = backend

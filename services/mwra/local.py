@@ -17,6 +17,7 @@ from mutualrl.services.mwra.planner import Node, Plan, PolicyDemand, make_plan, 
 
 @dataclass(frozen=True)
 class ServiceAssignment:
+    """What one local service gets: GPUs (CUDA_VISIBLE_DEVICES) or CPU threads."""
     policy: str
     role: str
     threads: int
@@ -31,6 +32,7 @@ class ServiceAssignment:
 
 @dataclass(frozen=True)
 class LocalPlan:
+    """The assignment of every service of `mutualrl up` on this host."""
     plan: Plan | None  # None on a CPU host
     assignments: dict[tuple[str, str], ServiceAssignment]
     device: str  # "gpu" | "cpu"

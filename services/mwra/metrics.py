@@ -8,6 +8,7 @@ from mutualrl.services.mwra.planner import Plan
 
 
 class MwraMetrics:
+    """The controller's Prometheus metrics (allocations, predicted steps, re-plans, admission, evictions)."""
     def __init__(self, registry: CollectorRegistry):
         self.allocated = Gauge("mutualrl_mwra_allocated_gpus", "GPUs the current plan gives a policy's role.", ["policy", "role"], registry=registry)
         self.predicted = Gauge("mutualrl_mwra_predicted_step_seconds", "Predicted step seconds of a policy under the current plan.", ["policy"], registry=registry)

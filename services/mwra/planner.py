@@ -73,12 +73,14 @@ class PolicyDemand:
 
 @dataclass(frozen=True)
 class Node:
+    """A node and the GPUs free on it."""
     name: str
     gpus: int
 
 
 @dataclass(frozen=True)
 class Placement:
+    """GPUs of one role of one policy on one node."""
     role: str  # "rollout" | "learner"
     replica: int
     node: str
@@ -87,6 +89,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class Allocation:
+    """One policy's GPUs: rollout and learner counts, predicted step seconds and placements."""
     policy: str
     rollout_gpus: int
     learner_gpus: int
@@ -100,6 +103,7 @@ class Allocation:
 
 @dataclass(frozen=True)
 class Plan:
+    """Every policy's allocation, the lower bound it is measured against, and why it was made."""
     allocations: dict[str, Allocation]
     total_gpus: int
     lower_bound_step_seconds: float
@@ -298,6 +302,7 @@ def make_plan(demands: Sequence[PolicyDemand], nodes: Sequence[Node] | int, gene
 
 @dataclass(frozen=True)
 class ReplanDecision:
+    """Whether to move to a candidate plan, the predicted gain and the reason."""
     replan: bool
     reason: str
     gain: float

@@ -32,6 +32,7 @@ from mutualrl.services.mwra.planner import (
 
 @dataclass(frozen=True)
 class SimPolicy:
+    """A simulated policy: its true costs, drift, response-length spread and seeding error."""
     demand: PolicyDemand  # the true costs at step 0 and the gang shape
     drift: float = 0.0  # W grows linearly by this fraction over the run
     length_sigma: float = 1.0  # sigma of the log-normal response lengths
@@ -41,6 +42,7 @@ class SimPolicy:
 
 @dataclass(frozen=True)
 class Scenario:
+    """A simulated fleet: policies, GPUs in nodes, steps, staleness, move cost and an optional node loss."""
     policies: tuple[SimPolicy, ...]
     gpus: int
     node_size: int = 8
@@ -68,6 +70,7 @@ class Scenario:
 
 @dataclass
 class SimResult:
+    """One strategy's simulated run: makespan against the lower bound and the table's other columns."""
     strategy: str
     makespan_s: float | None
     lower_bound_s: float
@@ -141,6 +144,7 @@ class Strategy(ABC):
 
 
 class EqualSplit(Strategy):
+    """Every policy gets the same number of GPUs."""
     name = "equal"
 
     def initial(self, estimates, nodes):
@@ -178,6 +182,7 @@ def proportional_counts(demands: Sequence[PolicyDemand], total: int) -> dict[str
 
 
 class Proportional(EqualSplit):
+    """GPUs proportional to the seeded costs, decided once."""
     name = "proportional"
 
     def initial(self, estimates, nodes):

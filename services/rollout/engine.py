@@ -11,6 +11,7 @@ from mutualrl.models.generation import Sample
 
 @dataclass(frozen=True)
 class SamplingSpec:
+    """Every sampling field, sent explicitly to the engine (docs/engines.md §6)."""
     n: int = 1
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -21,6 +22,7 @@ class SamplingSpec:
 
 @dataclass
 class EngineInfo:
+    """What an engine reports about itself: backend, versions, log-prob meaning, capabilities."""
     engine: str  # backend name, e.g. "hf"
     engine_version: str
     model: str

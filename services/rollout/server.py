@@ -32,6 +32,7 @@ class RequestError(ValueError):
 
 
 class RolloutMetrics:
+    """The rollout service's Prometheus metrics for gRPC calls and generation."""
     def __init__(self, policy: str, registry: CollectorRegistry):
         self.policy = policy
         self.requests = Counter("mutualrl_rollout_requests", "RolloutService calls by method and status code.", ["policy", "method", "code"], registry=registry)
@@ -73,6 +74,7 @@ def validate_generate(req: rpb.GenerateRequest, vocab_size: int, limits: dict[st
 
 
 class RolloutServicer(rgrpc.RolloutServiceServicer):
+    """The rollout gRPC service: Generate, UpdateWeights and Health over the engine."""
     def __init__(
         self,
         policy: str,

@@ -18,6 +18,7 @@ from mutualrl.v1 import experience_pb2 as pb
 
 @dataclass
 class StepRollouts:
+    """What one rollout step produced and published."""
     step: int
     rewards: dict[str, list[float]] = field(default_factory=dict)  # prompt_id -> G rewards
     published: int = 0

@@ -11,7 +11,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]

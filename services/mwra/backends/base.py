@@ -41,6 +41,7 @@ class BackendEvent:
 
 
 class Backend(ABC):
+    """Where gangs run: applies a plan's gangs whole, deletes a run, reports nodes and events."""
     name = "backend"
 
     @abstractmethod

@@ -129,6 +129,7 @@ class _RunState:
 
 
 class KubernetesBackend(Backend):
+    """Gangs as pods and headless Services, admitted by Kueue, KAI, Volcano, native gangs or MWRA itself."""
     name = "kubernetes"
 
     def __init__(self, api: client.ApiClient, namespace: str, gang: str = "auto", admission_timeout_s: float = 600.0,
