@@ -182,12 +182,12 @@ class ExperienceExchange:
         self.broker.publish(dead_letter_stream(self.namespace), record, self.max_len)
         self.control_dead_lettered[reason] += 1
 
-    def subscribe(self, receiver: str, kinds: list[str], producers: list[str], consumer: str | None = None) -> "Subscription":
+    def subscribe(self, receiver: str, kinds: list[str], producers: list[str], consumer: str | None = None, max_deliveries: int = 3) -> "Subscription":
         for k in kinds:
             if k not in PAYLOAD_KINDS:
                 raise ValueError(f"unknown experience kind {k!r}; valid: {', '.join(PAYLOAD_KINDS)}")
         streams = [stream_name(self.namespace, k, p) for k in kinds for p in producers]
-        sub = Subscription(self, receiver, consumer or f"{receiver}-0", streams)
+        sub = Subscription(self, receiver, consumer or f"{receiver}-0", streams, max_deliveries=max_deliveries)
         self.subscriptions.append(sub)
         return sub
 
@@ -201,7 +201,9 @@ class Subscription:
     broker delivers at least once, the receiver counts each message once.
     """
 
-    def __init__(self, exchange: ExperienceExchange, receiver: str, consumer: str, streams: list[str], dedup_window: int = 100_000):
+    def __init__(self, exchange: ExperienceExchange, receiver: str, consumer: str, streams: list[str], dedup_window: int = 100_000,
+                 max_deliveries: int = 3):
+        self.max_deliveries = max_deliveries  # a message re-adopted more often than this is a poison pill
         self.ex = exchange
         self.group = receiver
         self.consumer = consumer
@@ -213,12 +215,23 @@ class Subscription:
             exchange.broker.ensure_group(s, self.group, start="0")
 
     def _accept(self, entries: list[Entry]) -> list[Received]:
+        """Decoded, verified entries; a message is accepted only from the producer that owns
+        the stream it came on and only of that stream's kind — a valid signature on someone
+        else's stream is an impersonation, not experience."""
         out: list[Received] = []
+        prefix = len(self.ex.namespace) + 1
         for e in entries:
             try:
                 env = self.ex.codec.decode(e.data)
             except CodecError as err:
                 self._dead_letter(e, err.reason, str(err))
+                continue
+            kind, _, owner = e.stream[prefix:].partition(":")
+            if env.WhichOneof("payload") != kind:
+                self._dead_letter(e, "wrong_kind", f"{env.WhichOneof('payload')} on a {kind} stream")
+                continue
+            if env.producer != owner:
+                self._dead_letter(e, "wrong_producer", f"{env.producer!r} on {owner!r}'s stream")
                 continue
             if env.message_id in self._seen:
                 self.counts["duplicate"] += 1
@@ -245,7 +258,12 @@ class Subscription:
         entries: list[Entry] = []
         for s in self.streams:
             entries += self.ex.broker.claim_idle(s, self.group, self.consumer, min_idle_ms, count)
-        return self._accept(entries)
+        # A message whose processing crashed the receiver comes back here after every restart;
+        # past max_deliveries it is dead-lettered instead of crashing the receiver forever.
+        poison = [e for e in entries if e.deliveries > self.max_deliveries]
+        for e in poison:
+            self._dead_letter(e, "poison_pill", f"delivered {e.deliveries} times without being acknowledged")
+        return self._accept([e for e in entries if e.deliveries <= self.max_deliveries])
 
     def ack(self, received: Iterable[Received]) -> None:
         by_stream: dict[str, list[str]] = {}

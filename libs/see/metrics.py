@@ -19,7 +19,7 @@ from mutualrl.see.exchange import ExperienceExchange, dead_letter_stream
 # every label value a counter can take is exported from the start (at 0), so a dashboard or an
 # alert over it has a series before the first event instead of "no data"
 BACKPRESSURE_ACTIONS = ("blocked", "dropped", "timeout")
-DEAD_LETTER_REASONS = ("decode_error", "unknown_schema_version", "invalid", "bad_signature")
+DEAD_LETTER_REASONS = ("decode_error", "unknown_schema_version", "invalid", "bad_signature", "wrong_kind", "wrong_producer", "poison_pill")
 
 
 class SeeCollector(Collector):

@@ -22,6 +22,7 @@ from mutualrl.models.generation import sequence_logprobs
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, StepObjective, right_aligned
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
+from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
 from mutualrl.weights import WeightStore
 from mutualrl.tasks import Problem
 from mutualrl.v1 import experience_pb2 as pb
@@ -115,6 +116,8 @@ class Learner:
         self._to_ack: list[tuple[object, list[Received]]] = []  # (subscription, messages) awaiting commit()
         self.last_used: dict[str, list[str]] = {}  # message ids the last step trained on, by kind (the service's ledger)
         self.totals: Counter[str] = Counter()
+        self.reputation = PeerReputation()
+        self.reputation_events: list[ReputationEvent] = []  # of the last step (the service logs them)
 
     # ---- gathering -------------------------------------------------------
     def _collect_own(self, step: int, expected: int, deadline: float) -> list[Received]:
@@ -144,6 +147,46 @@ class Learner:
             self.totals["own_duplicate"] += len(copies)
         return unique
 
+    def _context_limit(self) -> int:
+        c = self.model.config
+        return int(getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None) or 1 << 30)
+
+    def _check_own(self, own: list[Received], problems: dict[str, Problem]) -> list[Received]:
+        """Own rollouts are checked like any input before a tensor is built from them: they must
+        answer one of this step's prompts, fit the model's context and vocabulary, and carry one
+        log-prob per token. Their rewards are re-scored with the learner's verifier (a row whose
+        claimed reward differs is re-scored and counted, never trained on with the claim).
+        Rejected ones are acknowledged — consumed, not used — and counted by reason."""
+        limit, vocab = self._context_limit(), self.model.get_input_embeddings().num_embeddings
+        ok: list[Received] = []
+        rejected: list[Received] = []
+        for r in own:
+            p = r.payload
+            reason = None
+            if p.prompt_id not in problems:
+                reason = "unknown_prompt"
+            elif not p.token_ids or len(p.logprobs) != len(p.token_ids):
+                reason = "malformed"
+            elif len(p.prompt_token_ids) + len(p.token_ids) > limit:
+                reason = "too_long"
+            elif any(t < 0 or t >= vocab for t in p.token_ids) or any(t < 0 or t >= vocab for t in p.prompt_token_ids):
+                reason = "bad_token"
+            if reason is not None:
+                rejected.append(r)
+                self.totals[f"own_rejected:{reason}"] += 1
+                continue
+            ok.append(r)
+        if rejected:
+            self.own.ack(rejected)
+        if ok:
+            texts = self.tok.batch_decode([list(r.payload.token_ids) for r in ok], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            scores = self.intake.verifier.score_many([problems[r.payload.prompt_id] for r in ok], texts)
+            for r, score in zip(ok, scores):
+                if float(score) != r.payload.reward:
+                    self.totals["own_rescored"] += 1
+                    r.payload.reward = float(score)
+        return ok
+
     def adopt_pending(self, min_idle_ms: int = 0) -> int:
         """After a restart: take back the entries this learner received but never acknowledged
         (they were not committed by a checkpoint), so no experience is lost."""
@@ -169,6 +212,7 @@ class Learner:
             "version": self.version,
             "tracker": self.tracker.state_dict() if self.tracker is not None else None,
             "totals": dict(self.totals),
+            "reputation": self.reputation.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -178,6 +222,7 @@ class Learner:
         if self.tracker is not None and state.get("tracker"):
             self.tracker.load_state_dict(state["tracker"])
         self.totals = Counter(state.get("totals", {}))
+        self.reputation.load_state_dict(state.get("reputation") or {})
 
     def _collect_peer(self, step: int) -> list[Received]:
         if self.peer_sub is None:
@@ -199,6 +244,32 @@ class Learner:
                 source_mean_logp=sum(lps) / len(lps) if lps else 0.0,
             )
         return rows
+
+    def _apply_reputation(self, step: int, intake: IntakeResult) -> None:
+        """Score this step's checked claims per peer, then drop everything of a quarantined peer
+        (its messages were still checked — that is how it earns its way out — and are
+        acknowledged as consumed, counted as ``quarantined``)."""
+        self.reputation_events = self.reputation.record_step(step, dict(intake.claims), dict(intake.failures))
+        for ev in self.reputation_events:
+            self.totals[f"peer_{ev.action}"] += 1
+        bad = {p for p in set(intake.claims) | {r.source_policy for r in intake.rows} | {r.source_policy for r in intake.rescues}
+               | {st.producer for v in intake.stats.values() for st in v} if self.reputation.quarantined(p)}
+        if not bad:
+            return
+        dropped = sum(1 for r in intake.rows if r.source_policy in bad) + sum(1 for r in intake.rescues if r.source_policy in bad)
+        intake.rows = [r for r in intake.rows if r.source_policy not in bad]
+        intake.rescues = [r for r in intake.rescues if r.source_policy not in bad]
+        for pid in list(intake.stats):
+            kept = [st for st in intake.stats[pid] if st.producer not in bad]
+            dropped += len(intake.stats[pid]) - len(kept)
+            if kept:
+                intake.stats[pid] = kept
+            else:
+                del intake.stats[pid]
+        for p in bad:
+            intake.peer_rewards.pop(p, None)
+        if dropped:
+            intake.rejected["quarantined"] += dropped
 
     def _add_peer_rows(self, rows: Rows, intake: IntakeResult, metrics: dict) -> None:
         """Peer rows after own rows. HACPO needs each peer's complete group per prompt (§2.3 [CODE]):
@@ -224,10 +295,11 @@ class Learner:
         expected = len(problems) * self.s.group_size
         own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s)
         stages = {"wait": time.monotonic() - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
+        by_id = {p.prompt_id: p for p in problems}
+        own = self._check_own(own, by_id)
         if not own:
             return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
         own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))
-        by_id = {p.prompt_id: p for p in problems}
         a, sh = self.s.algorithm, self.s.sharing
         metrics: dict = {}
 
@@ -245,6 +317,7 @@ class Learner:
         self.intake.verified_successes(by_kind.get("verified_success", []), step, by_id, intake)
         self.intake.rollouts(by_kind.get("rollout", []), step, by_id, intake)
         self.intake.advantage_stats(by_kind.get("advantage_stats", []), step, by_id, intake)
+        self._apply_reputation(step, intake)
         if self.mode.peer_rows:
             self._add_peer_rows(rows, intake, metrics)
 
@@ -372,6 +445,9 @@ class Learner:
             "peer_rows": peer_used,
             "peer_candidates": len(intake.rescues) + len(intake.rows) + sum(len(v) for v in intake.stats.values()),
             "peer_rejected": dict(intake.rejected),
+            "peer_rescored": intake.rescored,
+            "peers_quarantined": sorted(p for p in set(intake.claims) if self.reputation.quarantined(p)),
+            "reputation_events": [{"peer": e.peer, "action": e.action, "failure_rate": round(e.failure_rate, 3)} for e in self.reputation_events],
             "rescue_count": len(rescues),
             "gate_open": gate_open,
             **intake.residual_summary(),

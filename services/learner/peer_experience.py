@@ -88,6 +88,9 @@ class IntakeResult:
     # per-tokenizer-pair view, since a learner's receiver tokenizer is fixed
     by_source: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     rejected: Counter = field(default_factory=Counter)
+    rescored: int = 0  # peer rows whose claimed reward our verifier corrected (used with our score)
+    claims: Counter = field(default_factory=Counter)  # producer -> checked claims this step (for reputation)
+    failures: Counter = field(default_factory=Counter)  # producer -> claims that failed a check
     used: list[Received] = field(default_factory=list)  # everything consumed (accepted or rejected), to ack
 
     def residual_summary(self) -> dict[str, float]:
@@ -169,10 +172,12 @@ class PeerIntake:
         health["roundtrip_failed"].append(0.0 if conv.residual.roundtrip_ok else 1.0)
         if conv.text != claimed_text:
             out.rejected["text_mismatch"] += 1
+            out.failures[source] += 1
             return False
         reason = self._record(out, conv)
         if reason:
             out.rejected[reason] += 1
+            out.failures[source] += 1
             return False
         return True
 
@@ -198,8 +203,10 @@ class PeerIntake:
             if problem is None:
                 continue
             vs = m.payload
+            out.claims[m.envelope.producer] += 1
             if self.verifier.score(problem, vs.completion_text) <= 0:
                 out.rejected["reverify_failed"] += 1  # the peer claimed a success we cannot confirm
+                out.failures[m.envelope.producer] += 1
                 continue
             if len(vs.logprobs) and len(vs.logprobs) != len(vs.token_ids):
                 out.rejected["malformed"] += 1
@@ -239,7 +246,7 @@ class PeerIntake:
         """Peers' ``Rollout`` messages as rows in the receiver's token space (batched THL).
 
         Rewards are re-scored by the receiver's verifier (a disagreement is counted as
-        ``reward_mismatch`` and the receiver's score is used); traces whose ids and
+        re-scored — the row is used with the receiver's score — and as a failed claim of the peer); traces whose ids and
         log-probs disagree in length are ``malformed``; conversions over the THL
         budget are rejected by reason.
         """
@@ -257,8 +264,10 @@ class PeerIntake:
                 out.rejected["unknown_tokenizer"] += 1
                 continue
             score = float(self.verifier.score(problem, r.completion_text))
+            out.claims[m.envelope.producer] += 1
             if score != r.reward:
-                out.rejected["reward_mismatch"] += 1  # counted, not fatal: our own score is used
+                out.rescored += 1  # the row is used with our score: re-scored, not rejected
+                out.failures[m.envelope.producer] += 1  # ... but a wrong claim counts against the peer
             by_source[r.tokenizer_fingerprint].append((m, problem, score))
         eos = self.tok.eos_token_id
         for fp, items in by_source.items():

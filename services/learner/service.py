@@ -34,7 +34,7 @@ from mutualrl.v1 import experience_pb2 as pb
 
 
 PEER_REJECTION_REASONS = (
-    "stale", "unknown_prompt", "prompt_mismatch", "text_mismatch", "reverify_failed", "reward_mismatch", "malformed", "empty",
+    "stale", "unknown_prompt", "prompt_mismatch", "text_mismatch", "reverify_failed", "quarantined", "malformed", "empty",
     "unknown_tokenizer", "invalid_stats", "duplicate_stats", "thl_unaligned", "thl_roundtrip",
 )
 
@@ -98,13 +98,23 @@ def run_learner_service(args: ServiceArgs) -> int:
         "thl_messages": Counter("mutualrl_thl_messages", "Peer messages converted by THL, by source.", ["policy", "source"], registry=registry),
         "rescues": Counter("mutualrl_rescues", "Verified peer successes trained on (SGT rescues).", ["policy"], registry=registry),
         "empty_updates": Counter("mutualrl_empty_updates", "Mini-batches with no gradient signal, on which no optimiser step was taken.", ["policy"], registry=registry),
+        "rescored": Counter("mutualrl_peer_rescored", "Peer rows whose claimed reward the receiver's verifier corrected (used with its score).", ["policy"], registry=registry),
+        "own_rejected": Counter("mutualrl_own_rejected", "Own rollouts refused before use (unknown prompt, malformed, too long, bad token).", ["policy", "reason"], registry=registry),
+        "quarantines": Counter("mutualrl_peer_quarantine_events", "Peers entering or leaving quarantine at this receiver.", ["policy", "peer", "action"], registry=registry),
     }
+    g["quarantined"] = Gauge("mutualrl_peer_quarantined", "1 while this receiver ignores the peer's experience (its claims kept failing).", ["policy", "peer"], registry=registry)
     for reason in PEER_REJECTION_REASONS:  # every reason exported from the start, at 0
         c["rejected"].labels(p.name, reason)
+    for reason in ("unknown_prompt", "malformed", "too_long", "bad_token"):
+        c["own_rejected"].labels(p.name, reason)
+    c["rescored"].labels(p.name)
+    for q in peers:
+        g["quarantined"].labels(p.name, q).set(0)
     c["rescues"].labels(p.name)
     registry.register(SeeCollector(ctx.exchange))
     stage_metrics = StageMetrics(registry, p.name, "learner")
     status = {"step": start - 1}
+    reported_own: dict[str, int] = {}  # own rejections already exported, by reason
 
     def peer_lag() -> int:
         return max((status["step"] - ctx.last_step("rollout", q) for q in peers), default=0)
@@ -164,6 +174,17 @@ def run_learner_service(args: ServiceArgs) -> int:
             c["shared_in"].labels(p.name).inc(rec.get("shared_in", 0))
             for reason, n in (rec.get("peer_rejected") or {}).items():
                 c["rejected"].labels(p.name, reason).inc(n)
+            c["rescored"].labels(p.name).inc(rec.get("peer_rescored") or 0)
+            for key, n in list(learner.totals.items()):
+                if key.startswith("own_rejected:"):
+                    reason = key.split(":", 1)[1]
+                    c["own_rejected"].labels(p.name, reason).inc(n - reported_own.get(reason, 0))
+                    reported_own[reason] = n
+            for ev in rec.get("reputation_events") or []:
+                c["quarantines"].labels(p.name, ev["peer"], ev["action"]).inc()
+                g["quarantined"].labels(p.name, ev["peer"]).set(1 if ev["action"] == "quarantined" else 0)
+                log.warning(f"peer {ev['peer']} {ev['action']} at step {rec['step']} (failure rate {ev['failure_rate']:.0%})",
+                            extra={"fields": {"event": f"peer_{ev['action']}", **ev}})
             log.info("step", extra={"fields": {k: rec.get(k) for k in ("step", "reward_mean", "loss", "shared_in", "weights_version", "eval_accuracy")}})
         else:
             save_checkpoint(args.out_dir / "checkpoints" / p.name, learner.model, pp.arts.tokenizer, learner.opt,

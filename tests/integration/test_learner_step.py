@@ -187,8 +187,9 @@ def test_forged_peer_reward_is_rescored_by_the_receiver(arithmetic_task):
     ex.publish(pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, completion_text="45", token_ids=ids, logprobs=[-0.5] * len(ids),
                           reward=1.0, step=1, sample_index=0, group_size=1, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
     intake = a_learner.intake.rollouts([r for r in a_learner.peer_sub.poll()], 1, {p.prompt_id: p for p in problems})
-    assert intake.rejected == {"reward_mismatch": 1}
+    assert intake.rejected == {} and intake.rescored == 1  # re-scored and used, not rejected
     assert [r.reward for r in intake.rows] == [0.0]  # the false success is trained on as a failure
+    assert intake.claims == {"b": 1} and intake.failures == {"b": 1}  # ... and it counts against the peer
 
 
 def test_xgrpo_uses_peer_stats_and_rejects_invalid_ones(arithmetic_task):
@@ -217,7 +218,7 @@ def test_no_optimiser_step_without_gradient_signal(arithmetic_task):
     problems = arithmetic_task.train[:8]
     worker.run_step(1, problems)
     learner.train_step(1, problems)
-    worker.verifier = _Everything()
+    worker.verifier = learner.intake.verifier = _Everything()  # the learner re-scores own rewards with its verifier
     worker.run_step(2, problems)
     before = copy.deepcopy(arts.model.state_dict())
     rec = learner.train_step(2, problems)

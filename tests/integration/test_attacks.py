@@ -1,0 +1,109 @@
+"""Fault-and-attack cases on a learner's inputs (real learners, the SEE codec with a shared key):
+an impersonating producer, forged own rewards, a rollout past the model's context, a poison pill
+that keeps coming back, and a peer that lies on every claim."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from mutualrl.see import ExperienceExchange, InProcessBroker, dead_letter_stream
+from mutualrl.services.learner.reputation import PeerReputation
+from mutualrl.tasks import Problem
+from mutualrl.tasks.verifiers import ExactMatchVerifier
+from mutualrl.v1 import experience_pb2 as pb
+
+from test_learner_step import _own_all_fail, _setup
+
+
+def test_a_foreign_producer_on_a_policys_own_stream_is_dead_lettered(arithmetic_task):
+    """Signed with the run's key but naming another producer: an impersonation, never trained."""
+    ex, _, pols = _setup(arithmetic_task, mode="none")
+    arts, _, _, learner = pols["a"]
+    problems = [Problem("12+34=", "46")]
+    _own_all_fail(ex, arts, problems)
+    tok = arts.tokenizer
+    ids = tok("46", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    forged = ex.codec.wrap_encoded(pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, prompt_token_ids=tok(problems[0].prompt)["input_ids"],
+                                              token_ids=ids, logprobs=[-0.1] * len(ids), reward=1.0, step=1, sample_index=99, group_size=8), "mallory")[1]
+    ex.broker.publish("mutualrl:it:rollout:a", forged)  # onto a's own stream
+    rec = learner.train_step(1, problems)
+    assert learner.own.counts["dead_letter:wrong_producer"] == 1
+    assert len(learner.last_used["own"]) == 8 and rec["reward_mean"] == 0.0
+
+
+def test_forged_own_rewards_are_rescored_and_bad_rows_refused(arithmetic_task):
+    ex, _, pols = _setup(arithmetic_task, mode="none")
+    arts, _, _, learner = pols["a"]
+    learner.intake.verifier = ExactMatchVerifier()
+    tok = arts.tokenizer
+    p = Problem("12+34=", "46")
+    prompt = tok(p.prompt)["input_ids"]
+    wrong = tok("45", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    limit = arts.model.config.max_position_embeddings
+    rows = [
+        (wrong, 1.0, p.prompt_id),                         # a wrong answer claiming reward 1
+        (wrong, 0.0, p.prompt_id),
+        ([5] * limit, 0.0, p.prompt_id),                   # past the model's context
+        ([10 ** 6], 0.0, p.prompt_id),                     # not a token of this vocabulary
+        (wrong, 0.0, "not-this-steps-prompt"),
+    ]
+    for i, (ids, reward, pid) in enumerate(rows):
+        ex.publish(pb.Rollout(prompt_id=pid, prompt_text=p.prompt, prompt_token_ids=prompt, token_ids=ids, logprobs=[-0.5] * len(ids),
+                              reward=reward, step=1, sample_index=i, group_size=8), "a")
+    rec = learner.train_step(1, [p])  # no IndexError, no crash
+    assert rec["reward_mean"] == 0.0  # the claimed success is trained on as the failure it is
+    t = learner.totals
+    assert t["own_rescored"] == 1 and t["own_rejected:too_long"] == 1 and t["own_rejected:bad_token"] == 1 and t["own_rejected:unknown_prompt"] == 1
+    assert learner.own.pending() == 0  # refused ones are consumed, not re-delivered forever
+
+
+def test_a_poison_pill_is_dead_lettered_after_max_deliveries():
+    """A message whose processing kills the receiver comes back on every restart; after
+    max_deliveries it goes to the dead-letter stream instead of crash-looping the service."""
+    ex = ExperienceExchange(InProcessBroker(), "mutualrl:pp", hmac_key=b"k" * 32)
+    ex.publish(pb.Rollout(prompt_id="p", step=1, token_ids=[1], logprobs=[-1.0]), "a")
+    sub = ex.subscribe("a", ["rollout"], ["a"], consumer="a-learner", max_deliveries=3)
+    assert len(sub.poll()) == 1  # delivered; the receiver "crashes" before acking
+    got = [len(sub.reclaim(0)) for _ in range(3)]  # three restarts, each re-adopting it
+    assert got == [1, 1, 0]
+    assert sub.counts["dead_letter:poison_pill"] == 1 and sub.pending() == 0
+    assert ex.broker.length(dead_letter_stream("mutualrl:pp")) == 1
+
+
+def test_a_lying_peer_is_quarantined_and_its_rows_never_reach_a_loss(arithmetic_task):
+    ex, _, pols = _setup(arithmetic_task, mode="naive")
+    a_arts, _, _, a_learner = pols["a"]
+    a_learner.intake.verifier = ExactMatchVerifier()
+    b_tok, b_fp = pols["b"][0].tokenizer, pols["b"][0].fingerprint
+    problems = [Problem("12+34=", "46"), Problem("5+5=", "10")]
+    quarantined_at = None
+    for step in (1, 2, 3):
+        _own_all_fail(ex, a_arts, problems, step=step)
+        for p in problems:  # every claim false: wrong answers announced as successes
+            ids = b_tok("7", add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
+            for i in range(4):
+                ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text="7", token_ids=ids, logprobs=[-0.5] * len(ids),
+                                      reward=1.0, step=step, sample_index=i, group_size=4, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
+        rec = a_learner.train_step(step, problems)
+        if quarantined_at is None and rec["peers_quarantined"]:
+            quarantined_at = step
+            assert rec["reputation_events"][0]["peer"] == "b" and rec["peer_rows"] == 0 and rec["peer_rejected"]["quarantined"] == 8
+    assert quarantined_at is not None and quarantined_at <= 3
+    assert a_learner.totals["peer_quarantined"] == 1
+
+
+def test_reputation_quarantines_liars_forgives_noise_and_releases_after_probation():
+    rep = PeerReputation(window=3, threshold=0.5, min_claims=4, probation=2)
+    assert rep.record_step(1, {"honest": 10, "liar": 10}, {"honest": 1, "liar": 10})[0].peer == "liar"
+    assert rep.quarantined("liar") and not rep.quarantined("honest")
+    assert rep.record_step(2, {"liar": 5}, {"liar": 0}) == []  # one clean step is not enough
+    ev = rep.record_step(3, {"liar": 5}, {})
+    assert [e.action for e in ev] == ["released"] and not rep.quarantined("liar")
+    assert rep.record_step(4, {"few": 2}, {"few": 2}) == []  # below min_claims: not judged yet
+    state = copy.deepcopy(rep.state_dict())
+    again = PeerReputation(window=3, threshold=0.5, min_claims=4, probation=2)
+    again.load_state_dict(state)
+    assert again.failure_rate("few") == rep.failure_rate("few") == 1.0
+    assert torch.tensor(again.failure_rate("honest")).isclose(torch.tensor(0.1))
