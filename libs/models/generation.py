@@ -10,6 +10,7 @@ log-probs ``log π_old`` of docs/algorithms.md §1.1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,10 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
+class GenerationCancelled(RuntimeError):
+    """The caller of a generation went away before it finished."""
+
+
 @torch.no_grad()
 def sample(
     model: PreTrainedModel,
@@ -60,8 +65,12 @@ def sample(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[Sample]:
-    """One completion per prompt (repeat a prompt for a group). ``temperature=0`` is greedy."""
+    """One completion per prompt (repeat a prompt for a group). ``temperature=0`` is greedy.
+    ``should_stop`` is asked before every token: a caller that went away (a cancelled RPC, a
+    passed deadline) stops the generation with :class:`GenerationCancelled` instead of holding
+    the model for the rest of it."""
     if not prompts:
         return []
     if any(len(p) == 0 for p in prompts):
@@ -80,6 +89,10 @@ def sample(
     lps: list[torch.Tensor] = []
     next_pos = pos[:, -1]
     for _ in range(max_new_tokens):
+        if should_stop is not None and should_stop():
+            if was_training:
+                model.train()
+            raise GenerationCancelled("generation stopped: the caller cancelled or its deadline passed")
         if temperature == 0:
             logp = F.log_softmax(logits, dim=-1)
             tok = logp.argmax(-1)

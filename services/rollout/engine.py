@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal
@@ -39,8 +40,10 @@ class RolloutEngine(ABC):
     """
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
-        """``spec.n`` samples for each prompt, grouped per prompt in prompt order."""
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, cancel: threading.Event | None = None) -> list[list[Sample]]:
+        """``spec.n`` samples for each prompt, grouped per prompt in prompt order. When ``cancel``
+        is set mid-way (the caller went away) the engine stops as soon as it can and raises
+        ``GenerationCancelled``."""
 
     @abstractmethod
     def update_weights(self, version: int, uri: str, checksum: str | None = None) -> None:

@@ -31,7 +31,7 @@ class HFEngine(RolloutEngine):
         self.version = 0
         self._lock = threading.RLock()  # generate and update never interleave
 
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, cancel: threading.Event | None = None) -> list[list[Sample]]:
         if spec.n < 1:
             raise ValueError("n must be >= 1")
         flat = [p for p in prompts for _ in range(spec.n)]
@@ -49,6 +49,7 @@ class HFEngine(RolloutEngine):
                 top_k=spec.top_k,
                 top_p=spec.top_p,
                 generator=gen,
+                should_stop=cancel.is_set if cancel is not None else None,
             )
         return [out[i * spec.n : (i + 1) * spec.n] for i in range(len(prompts))]
 

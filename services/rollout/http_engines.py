@@ -17,9 +17,14 @@ from typing import Literal
 
 import requests
 
-from mutualrl.models.generation import Sample
+from mutualrl.models.generation import GenerationCancelled, Sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
 from mutualrl.weights import verify_checksum
+
+
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise GenerationCancelled("generation not started: the caller cancelled or its deadline passed")
 
 
 class EngineUnavailable(RuntimeError):
@@ -104,7 +109,8 @@ class VLLMServerEngine(_HttpEngine):
             )
         return self
 
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, cancel: threading.Event | None = None) -> list[list[Sample]]:
+        _check_cancel(cancel)  # the server's own request timeout bounds a call already sent
         body = {
             "model": self.model,
             "prompt": prompts,
@@ -175,7 +181,8 @@ class SGLangServerEngine(_HttpEngine):
         }
         return self
 
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Sample]]:
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, cancel: threading.Event | None = None) -> list[list[Sample]]:
+        _check_cancel(cancel)
         sampling = {
             "n": 1,  # the docs discourage n > 1: the prompt is repeated instead (§3)
             "max_new_tokens": spec.max_new_tokens,

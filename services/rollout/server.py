@@ -10,13 +10,16 @@ what it serves in Prometheus metrics named ``mutualrl_rollout_*``.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from concurrent import futures
+from typing import Callable
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from transformers import PreTrainedTokenizerBase
 
+from mutualrl.models.generation import GenerationCancelled
 from mutualrl.models.policy import encode_prompt
 from mutualrl.services.rollout.engine import RolloutEngine, SamplingSpec
 from mutualrl.v1 import rollout_service_pb2 as rpb
@@ -86,7 +89,15 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         max_prompts: int = 4096,
         max_n: int = 256,
         max_new_tokens: int = 8192,
+        max_context: int | None = None,
+        announced: Callable[[], tuple[int, str] | None] | None = None,
     ):
+        """``max_context``: the model's context in tokens (prompt + completion); ``announced``
+        returns the newest (version, checksum) this policy's learner announced on SEE, the only
+        version ``UpdateWeights`` accepts when given (SEE announcements are signed; the gRPC
+        port is not the place to decide which weights a policy serves)."""
+        self.max_context = max_context
+        self.announced = announced
         self.policy = policy
         self.engine = engine
         self.tok = tokenizer
@@ -112,9 +123,20 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
             return self._abort(context, "Generate", e)
         s = request.sampling
         prompt_ids = [list(p.token_ids) if p.token_ids else encode_prompt(self.tok, p.text, self.chat_template) for p in request.prompts]
+        if self.max_context is not None:
+            for i, ids in enumerate(prompt_ids):
+                if len(ids) + s.max_new_tokens > self.max_context:
+                    return self._abort(context, "Generate", RequestError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"prompts[{i}]: {len(ids)} prompt tokens + max_new_tokens {s.max_new_tokens} exceed the model's context of {self.max_context} tokens"))
         spec = SamplingSpec(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed or None)
         version = self.engine.info().weights_version
-        groups = self.engine.generate(prompt_ids, spec)
+        gone = threading.Event()  # set by gRPC when the client cancels or its deadline passes
+        context.add_callback(gone.set)
+        try:
+            groups = self.engine.generate(prompt_ids, spec, cancel=gone)
+        except GenerationCancelled as e:
+            return self._abort(context, "Generate", RequestError(grpc.StatusCode.CANCELLED, str(e)))
         resp = rpb.GenerateResponse(weights_version=version)
         n_tokens = 0
         for p, ids, group in zip(request.prompts, prompt_ids, groups):
@@ -136,6 +158,13 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "uri is required")
             if request.version <= current:
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"version {request.version} is not newer than the served {current}")
+            if self.announced is not None:
+                newest = self.announced()
+                if newest is None or request.version != newest[0]:
+                    raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
+                                       f"version {request.version} was not announced on SEE (newest announced: {newest[0] if newest else 'none'})")
+                if newest[1] and request.checksum != newest[1]:
+                    raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"checksum of version {request.version} differs from its SEE announcement")
             try:
                 self.engine.update_weights(request.version, request.uri, request.checksum or None)
             except FileNotFoundError as e:

@@ -35,7 +35,13 @@ def run_rollout_service(args: ServiceArgs) -> int:
     store = WeightStore(args.weights_dir)
     engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source)
     registry = CollectorRegistry()
-    servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, p.tokenizer.chat_template)
+    def announced() -> tuple[int, str] | None:
+        wp = ctx.exchange.last("weights_published", p.name)
+        return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
+
+    c = pp.arts.model.config
+    servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, p.tokenizer.chat_template,
+                               max_context=getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None), announced=announced)
     server, grpc_port = serve(servicer, cfg.launcher.host, args.grpc_port)
     step_g = Gauge("mutualrl_step", "Last step this service finished.", ["policy", "role"], registry=registry)
     rollouts_c = Counter("mutualrl_rollouts", "Rollouts published.", ["policy"], registry=registry)
