@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,10 +26,11 @@ from typing import Callable
 
 from mutualrl.config import ExperimentConfig, dump_config
 from mutualrl.models.policy import default_cache_dir
-from mutualrl.runtime.exchange_setup import hmac_key, probe_broker, redis_options, run_namespace
+from mutualrl.runtime.exchange_setup import REDIS_PASSWORD_ENV, REDIS_USERNAME_ENV, RUN_HMAC_ENV, hmac_key, probe_broker, redis_options, run_namespace
 from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.see.acl import ServiceUser, acl_file
 from mutualrl.see.server import RedisServer, free_port
 from mutualrl.config import ConfigError
 from mutualrl.services.mwra.demands import demands_from_config
@@ -74,6 +78,9 @@ class Supervisor:
         self.redis: RedisServer | None = None
         self.local_plan: LocalPlan | None = None
         self.failure: str | None = None  # one line: which service kept crashing and its last error
+        self.identities: dict[str, ServiceUser] = {}  # service -> its Redis user (when `up` runs Redis)
+        self.run_env: dict[str, str] = {}  # what every service gets on top of os.environ (a generated HMAC key)
+        self.acl_dir: Path | None = None
         self._stopping = threading.Event()
 
     # ---- setup -----------------------------------------------------------
@@ -109,11 +116,19 @@ class Supervisor:
         (out / "logs").mkdir(parents=True, exist_ok=True)
         (out / "services").mkdir(parents=True, exist_ok=True)
         url = cfg.broker.url
-        if url is None:
-            self.redis = RedisServer(persistent=True).start()  # AOF: a broker restart keeps every stream
-            url = self.redis.url
-            self.echo(f"[up] redis {self.redis.binary} on {url}")
         namespace = run_namespace(cfg)
+        if url is None:
+            # our own Redis: one ACL user per service that may append only to its own streams
+            self.identities = {f"{p.name}.{role}": ServiceUser(p.name, role, secrets.token_urlsafe(24))
+                               for p in cfg.policies for role in ("rollout", "learner")}
+            admin = secrets.token_urlsafe(24)
+            self.acl_dir = Path(tempfile.mkdtemp(prefix="mutualrl-acl-"))
+            acl = self.acl_dir / "users.acl"
+            acl.touch(mode=0o600)
+            acl.write_text(acl_file(namespace, list(self.identities.values()), admin))
+            self.redis = RedisServer(persistent=True, password=admin, aclfile=str(acl)).start()  # AOF: a restart keeps every stream
+            url = f"redis://127.0.0.1:{self.redis.port}/0"  # no credentials: each service gets its own
+            self.echo(f"[up] redis {self.redis.binary} on {url} (one ACL user per service)")
         self.services = self.service_specs(url, namespace)
         (out / "services.json").write_text(json.dumps({
             "namespace": namespace, "redis": url.split("@")[-1], "pid": os.getpid(),
@@ -140,7 +155,10 @@ class Supervisor:
         # the local plan: devices on a GPU host, a share of the cores on a CPU host (a policy's
         # rollout and learner take turns, so they share its cores instead of oversubscribing)
         plan = self.local_plan or self.plan()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **plan.assignments[(s.policy, s.role)].env()}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.run_env, **plan.assignments[(s.policy, s.role)].env()}
+        ident = self.identities.get(s.name)
+        if ident is not None:  # in the environment, not on the command line (`ps` shows argv)
+            env.update({REDIS_USERNAME_ENV: ident.name, REDIS_PASSWORD_ENV: ident.password})
         s.proc = subprocess.Popen(s.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
         (self.out / "services" / f"{s.name}.pid").write_text(str(s.proc.pid))
         threading.Thread(target=self._pump, args=(s, s.proc), daemon=True).start()
@@ -199,6 +217,9 @@ class Supervisor:
         if self.redis is not None:
             self.redis.cleanup()
             self.redis = None
+        if self.acl_dir is not None:
+            shutil.rmtree(self.acl_dir, ignore_errors=True)
+            self.acl_dir = None
 
 
 def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[float, int, str, int]], restarts: dict[str, int]) -> dict:
@@ -255,8 +276,14 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
     """Returns (exit code, summary). A service that kept crashing puts one line naming it and
     its last error into ``failure``."""
     out.mkdir(parents=True, exist_ok=True)
+    run_env: dict[str, str] = {}
+    if cfg.broker.hmac_key_env is None:  # signed by default: a key generated for this run
+        cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"hmac_key_env": RUN_HMAC_ENV})})
+        run_env[RUN_HMAC_ENV] = secrets.token_hex(32)
+        echo("[up] messages signed with a key generated for this run (set broker.hmac_key_env to use your own)")
     dump_config(cfg, out / "config.yaml")
     sup = Supervisor(cfg, out, echo)
+    sup.run_env = run_env
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     interrupted = threading.Event()
 

@@ -16,6 +16,12 @@ from mutualrl.see import Backpressure, ExperienceExchange, InProcessBroker, Redi
 from mutualrl.see.broker import Broker
 
 
+# set by `mutualrl up` for each service it starts: its own Redis identity, and a generated run key
+REDIS_USERNAME_ENV = "MUTUALRL_REDIS_USERNAME"
+REDIS_PASSWORD_ENV = "MUTUALRL_REDIS_PASSWORD"
+RUN_HMAC_ENV = "MUTUALRL_RUN_HMAC_KEY"
+
+
 def _env(name: str | None, what: str) -> str | None:
     if name is None:
         return None
@@ -32,9 +38,14 @@ def hmac_key(b: BrokerConfig) -> bytes | None:
 
 
 def redis_options(b: BrokerConfig, url: str) -> RedisOptions:
-    """Connection options from the broker config (the password read from ``password_env``)."""
+    """Connection options from the broker config (the password read from ``password_env``); a
+    service started by `mutualrl up` uses the identity `up` gave it instead."""
+    if os.environ.get(REDIS_USERNAME_ENV):
+        username, password = os.environ[REDIS_USERNAME_ENV], os.environ.get(REDIS_PASSWORD_ENV)
+    else:
+        username, password = b.username, _env(b.password_env, "broker.password_env")
     return RedisOptions(
-        url=url, username=b.username, password=_env(b.password_env, "broker.password_env"), tls=b.tls,
+        url=url, username=username, password=password, tls=b.tls,
         tls_ca_certs=b.tls_ca_certs, tls_certfile=b.tls_certfile, tls_keyfile=b.tls_keyfile,
     )
 

@@ -64,7 +64,11 @@ class RedisServer:
     consumer group and pending entry (what the fault tests exercise).
     """
 
-    def __init__(self, port: int | None = None, persistent: bool = False, password: str | None = None, binary: str | None = None):
+    def __init__(self, port: int | None = None, persistent: bool = False, password: str | None = None, binary: str | None = None,
+                 aclfile: str | None = None):
+        """``aclfile``: per-service users (``mutualrl.see.acl``); it must define the default user,
+        whose password is then ``password`` (used for the start-up ping and ``url``)."""
+        self.aclfile = aclfile
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
         self.persistent = persistent
@@ -80,7 +84,9 @@ class RedisServer:
     def _args(self) -> list[str]:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", ""]
         args += ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
-        if self.password:
+        if self.aclfile:
+            args += ["--aclfile", self.aclfile]
+        elif self.password:
             args += ["--requirepass", self.password]
         return args
 

@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+import redis
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +68,13 @@ def test_two_policies_three_steps_over_processes(tmp_path):
     try:
         svcs = _services(out)
         assert set(svcs) == {"llama-char.rollout", "llama-char.learner", "gpt2-bpe.rollout", "gpt2-bpe.learner"}
+        # the run's Redis takes no anonymous writer, and every message is signed with a run key
+        info = json.loads((out / "services.json").read_text())
+        anon = redis.Redis.from_url(info["redis"], socket_timeout=5)
+        with pytest.raises((redis.exceptions.AuthenticationError, redis.exceptions.ResponseError), match="NOAUTH|NOPERM|authenticated"):
+            anon.xadd(f"{info['namespace']}:rollout:llama-char", {"data": b"forged"})
+        anon.close()
+        assert "hmac_key_env: MUTUALRL_RUN_HMAC_KEY" in (out / "config.yaml").read_text()
         _wait(lambda: all(_health(s["ops"]).get("step", 0) >= 2 for n, s in svcs.items() if s["role"] == "learner"), 300, "learners at step 2")
         texts = {n: urllib.request.urlopen(s["ops"] + "/metrics", timeout=5).read().decode() for n, s in svcs.items()}
         for name, text in texts.items():
