@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import redis
 
 from mutualrl.see import ExperienceExchange, RedisBroker, RedisOptions
+from mutualrl.see.acl import ServiceUser, acl_file
 from mutualrl.see.server import RedisServer
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -48,9 +51,13 @@ def raw_roundtrip(r: redis.Redis, stream: str, blobs: list[bytes], batch: int) -
     return time.perf_counter() - t0
 
 
-def see_roundtrip(url: str, n: int, batch: int, key: bytes) -> float:
-    pub = ExperienceExchange(RedisBroker(RedisOptions(url=url)), f"bench:{time.time_ns()}", hmac_key=key)
-    recv = ExperienceExchange(RedisBroker(RedisOptions(url=url)), pub.namespace, hmac_key=key)
+def see_roundtrip(url: str, n: int, batch: int, key: bytes, namespace: str | None = None,
+                  pub_user: ServiceUser | None = None, recv_user: ServiceUser | None = None) -> float:
+    def opts(u: ServiceUser | None) -> RedisOptions:
+        return RedisOptions(url=url, username=u.name if u else None, password=u.password if u else None)
+
+    pub = ExperienceExchange(RedisBroker(opts(pub_user)), namespace or f"bench:{time.time_ns()}", hmac_key=key)
+    recv = ExperienceExchange(RedisBroker(opts(recv_user)), pub.namespace, hmac_key=key)
     sub = recv.subscribe("b", ["rollout"], ["a"])
     msgs = [rollout(i) for i in range(n)]  # the producer's data exists before SEE is involved
     t0 = time.perf_counter()
@@ -120,6 +127,17 @@ def main() -> None:
         print(f"raw redis-py XADD+XREADGROUP+XACK: {args.n / raw:9.0f} msg/s")
         print(f"SEE publish_many+poll+ack (HMAC): {args.n / see:9.0f} msg/s")
         print(f"throughput ratio SEE/raw: {raw / see:.2f} (goal >= 0.5)")
+        # the same through a Redis that enforces per-service ACL users (selectors on every XADD)
+        # and receivers that check each message's producer against its stream
+        users = [ServiceUser("a", "rollout", "pw-a"), ServiceUser("b", "learner", "pw-b")]
+        with tempfile.TemporaryDirectory() as tmp:
+            acl = Path(tmp) / "users.acl"
+            acl.write_text(acl_file("bench-acl", users, "admin"))
+            with RedisServer(password="admin", aclfile=str(acl)) as secured:
+                url = f"redis://127.0.0.1:{secured.port}/0"
+                see_acl = min(see_roundtrip(url, args.n, args.batch, key, "bench-acl", *users) for _ in range(2))
+        print(f"SEE with ACL users + producer check:{args.n / see_acl:9.0f} msg/s")
+        print(f"throughput ratio SEE(ACL)/raw: {raw / see_acl:.2f} (goal >= 0.5)")
         lat = sorted(latency(server.url, args.rate, args.seconds, key))
         q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]  # noqa: E731
         print(f"latency at {args.rate} msg/s over {len(lat)} messages: p50 {q(0.5):.2f} ms, p99 {q(0.99):.2f} ms, max {lat[-1]:.2f} ms (goal p99 < 5 ms)")

@@ -117,6 +117,7 @@ class Learner:
         self.last_used: dict[str, list[str]] = {}  # message ids the last step trained on, by kind (the service's ledger)
         self.totals: Counter[str] = Counter()
         self.reputation = PeerReputation()
+        self.consumed: set[str] = set()  # message ids a durable checkpoint covers: never admitted again
         self.reputation_events: list[ReputationEvent] = []  # of the last step (the service logs them)
 
     # ---- gathering -------------------------------------------------------
@@ -126,7 +127,7 @@ class Learner:
         stale: list[Received] = []
         while len(have) < expected:
             remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-            got = self.own.poll(block_ms=min(remaining_ms, 200) if remaining_ms else None)
+            got = self._not_consumed(self.own.poll(block_ms=min(remaining_ms, 200) if remaining_ms else None), self.own)
             for r in got:
                 (have if r.payload.step == step else self._buffer if r.payload.step > step else stale).append(r)
             if not got and remaining_ms == 0:
@@ -188,19 +189,35 @@ class Learner:
         return ok
 
     def adopt_pending(self, min_idle_ms: int = 0) -> int:
-        """After a restart: take back the entries this learner received but never acknowledged
-        (they were not committed by a checkpoint), so no experience is lost."""
-        got = self.own.reclaim(min_idle_ms)
-        self._buffer += got
-        n = len(got)
-        if self.peer_sub is not None:
-            peer = self.peer_sub.reclaim(min_idle_ms)
-            self._peer_buffer += peer
-            n += len(peer)
+        """After a restart: take back the entries this learner received but never acknowledged.
+        Those the restored checkpoint already covers (a crash between checkpoint and
+        acknowledgement) are acknowledged now and never trained again; the rest are retrained."""
+        n = 0
+        for sub, buffer in ((self.own, self._buffer), (self.peer_sub, self._peer_buffer)):
+            if sub is None:
+                continue
+            got = sub.reclaim(min_idle_ms)
+            covered = [r for r in got if r.envelope.message_id in self.consumed]
+            if covered:
+                sub.ack(covered)
+                self.totals["covered_by_checkpoint"] += len(covered)
+            fresh = [r for r in got if r.envelope.message_id not in self.consumed]
+            buffer += fresh
+            n += len(fresh)
         return n
 
+    def _not_consumed(self, got: list[Received], sub) -> list[Received]:
+        """Drop (and acknowledge) re-deliveries of messages a checkpoint already covers."""
+        if not self.consumed:
+            return got
+        old = [r for r in got if r.envelope.message_id in self.consumed]
+        if old:
+            sub.ack(old)
+            self.totals["covered_by_checkpoint"] += len(old)
+        return [r for r in got if r.envelope.message_id not in self.consumed]
+
     def commit(self) -> None:
-        """Acknowledge what the last step used (call after its checkpoint is durable)."""
+        """Acknowledge what the steps since the last commit used (call once their checkpoint is durable)."""
         for sub, msgs in self._to_ack:
             sub.ack(msgs)  # type: ignore[attr-defined]
         self._to_ack = []
@@ -227,7 +244,7 @@ class Learner:
     def _collect_peer(self, step: int) -> list[Received]:
         if self.peer_sub is None:
             return []
-        got = self._peer_buffer + self.peer_sub.poll()
+        got = self._peer_buffer + self._not_consumed(self.peer_sub.poll(), self.peer_sub)
         now = [r for r in got if r.payload.step <= step]
         self._peer_buffer = [r for r in got if r.payload.step > step]
         return now
@@ -404,7 +421,7 @@ class Learner:
 
         stages["train"] = time.monotonic() - t_train - stages["logprob"]
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)
-        self._to_ack = [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
+        self._to_ack += [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
         self.last_used = {"own": [r.envelope.message_id for r in own], "peer": [r.envelope.message_id for r in intake.used]}
         if commit:
             self.commit()

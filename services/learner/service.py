@@ -1,11 +1,17 @@
 """The learner service of one policy: consumes own and peer experience through SEE, steps the
 optimiser, publishes weights, and checkpoints so a restart loses nothing and counts nothing twice.
 
-Order per step: train (messages used stay unacknowledged) → write the step's checkpoint
-(model, optimiser, capability tracker, RNG state, step, ledger of message ids used) →
-acknowledge → announce the step. A crash before the checkpoint leaves the step's messages
-pending, and the restarted learner takes them back and retrains the step; a crash after it
-finds them in the ledger. Peers are waited for at most ``launcher.peer_deadline_s``.
+Order per step: train (messages used stay unacknowledged) → every ``checkpoint.every`` steps,
+write the checkpoint atomically (model, optimiser, capability tracker, reputation, RNG state,
+step, the ledger of message ids every step consumed, and the metrics records since the last
+checkpoint) → acknowledge everything those steps used → write their metrics records → announce.
+
+A crash at any instant: before the checkpoint, the steps since the last one are redone from the
+messages still pending (taken back at start); between checkpoint and acknowledgement, the
+pending messages are found in the ledger, acknowledged and never trained again; records the file
+misses are written from the checkpoint. The resumed learner re-announces its checkpointed step
+(rollout servers wait on it) and continues weights versions after the newest it announced.
+Peers are waited for at most ``launcher.peer_deadline_s``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import time
 
 import numpy as np
@@ -39,12 +46,47 @@ PEER_REJECTION_REASONS = (
 )
 
 
-def _save_state(path, state: dict) -> None:
+FAULT_ENV = "MUTUALRL_FAULT"  # tests only: "policy/phase:step,…" kills that learner with SIGKILL there, once each
+
+
+def _fault(phase: str, step: int, state_dir, policy: str) -> None:
+    """Fault injection for the crash tests: a real kill -9 at a named instant of a step. Each
+    point fires once (a marker file survives the restart), so the run then completes."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec or f"{policy}/{phase}:{step}" not in spec.split(","):
+        return
+    marker = state_dir / f"fault-{policy}-{phase}-{step}"
+    if marker.exists():
+        return
+    marker.write_text("fired")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _save_state(path, state: dict, step: int, policy: str = "") -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic: a crash leaves the previous step's state intact
+    _fault("during_checkpoint", step, path.parent, policy)  # written, not yet in place
+    os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
+
+
+def _write_missing(path, records: list[dict]) -> None:
+    """Append the checkpoint's records the metrics file lacks (a crash after the checkpoint,
+    before they were written), and drop records of steps after it (they are redone)."""
+    done = max((r["step"] for r in records), default=0)
+    kept, have = [], set()
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line
+            if rec.get("step", 0) <= done and rec.get("step") not in have:
+                kept.append(line)
+                have.add(rec.get("step"))
+    kept += [json.dumps(r) for r in records if r["step"] not in have]
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def run_learner_service(args: ServiceArgs) -> int:
@@ -62,7 +104,9 @@ def run_learner_service(args: ServiceArgs) -> int:
     peers = [q.name for q in cfg.policies if q.name != p.name]
 
     state_path = ctx.state_dir / f"{p.name}.learner.state.pt"
+    metrics_path = ctx.state_dir / f"{p.name}.metrics.jsonl"
     ledger: dict[int, dict[str, list[str]]] = {}
+    records: list[dict] = []  # metrics records of every checkpointed step (replayed into the file on resume)
     start = 1
     if state_path.is_file():
         st = torch.load(state_path, weights_only=False)
@@ -70,9 +114,16 @@ def run_learner_service(args: ServiceArgs) -> int:
         torch.set_rng_state(st["rng"]["torch"])
         random.setstate(st["rng"]["python"])
         np.random.set_state(st["rng"]["numpy"])
-        ledger = st["ledger"]
+        ledger, records = st["ledger"], st.get("records", [])
         start = int(st["step"]) + 1
+        learner.consumed = {mid for used in ledger.values() for ids in used.values() for mid in ids}
+        newest = ctx.exchange.last("weights_published", p.name)
+        if newest is not None and newest.payload.version > learner.version:
+            learner.version = int(newest.payload.version)  # versions never repeat: rollout servers may serve newer ones
         log.info("resumed", extra={"fields": {"step": start - 1, "weights_version": learner.version}})
+    _write_missing(metrics_path, records)
+    if start > 1:  # re-announce the checkpointed step: rollout servers wait on the learner's heartbeat
+        ctx.exchange.publish(pb.Heartbeat(role="learner", step=start - 1, version=learner.version, status="ok"), f"{p.name}.learner")
     adopted = learner.adopt_pending(0)
     if adopted:
         log.info("took back unacknowledged messages", extra={"fields": {"count": adopted}})
@@ -124,7 +175,9 @@ def run_learner_service(args: ServiceArgs) -> int:
 
     ops = OpsServer(registry, health, cfg.launcher.host, args.ops_port).start()
     distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
-    metrics_file = (ctx.state_dir / f"{p.name}.metrics.jsonl").open("a")
+    metrics_file = metrics_path.open("a")
+    every = cfg.checkpoint.every
+    unsaved: list[dict] = []  # records of the steps since the last checkpoint
     g["step"].labels(p.name, "learner").set(start - 1)
     g["version"].labels(p.name, "learner").set(learner.version)
     log.info("learning", extra={"fields": {"ops_port": ops.port, "start_step": start}})
@@ -139,18 +192,28 @@ def run_learner_service(args: ServiceArgs) -> int:
             if not rec.get("skipped") and (step % cfg.eval.every == 0 or step == cfg.budget.steps):
                 rec["eval_accuracy"] = evaluate(pp, learner.model, ctx.task, ctx.verifier, cfg)
             ledger[step] = learner.last_used if not rec.get("skipped") else {"own": [], "peer": []}
-            rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-            _save_state(state_path, {"learner": learner.state_dict(), "step": step, "rng": rng, "ledger": ledger})
-            learner.commit()
             stages = {k: v for k, v in (rec.get("stage_seconds") or {}).items() if k != "wait"}
+            rec["step_s"] = rec.pop("train_s", 0.0)
+            rec["wall_time"] = time.time()
+            unsaved.append(rec)
+            _fault("before_checkpoint", step, ctx.state_dir, p.name)
+            if step % every == 0 or step == cfg.budget.steps:
+                rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+                t_ckpt = time.monotonic()
+                _save_state(state_path, {"learner": learner.state_dict(), "step": step, "rng": rng, "ledger": ledger, "records": records + unsaved}, step, p.name)
+                stages["checkpoint"] = time.monotonic() - t_ckpt
+                _fault("after_checkpoint", step, ctx.state_dir, p.name)
+                learner.commit()  # every message of the steps since the last checkpoint
+                _fault("after_ack", step, ctx.state_dir, p.name)
+                records += unsaved
+                for r in unsaved:
+                    metrics_file.write(json.dumps(r) + "\n")
+                metrics_file.flush()
+                unsaved = []
             stage_metrics.observe(stages, rec.get("tokens", 0))
             ctx.exchange.publish(pb.Heartbeat(role="learner", step=step, version=learner.version, status="ok",
                                               stage_seconds=stages, tokens=rec.get("tokens", 0)), f"{p.name}.learner")
             status["step"] = step
-            rec["step_s"] = rec.pop("train_s", 0.0)
-            rec["wall_time"] = time.time()
-            metrics_file.write(json.dumps(rec) + "\n")
-            metrics_file.flush()
             g["step"].labels(p.name, "learner").set(step)
             g["version"].labels(p.name, "learner").set(learner.version)
             g["stale"].labels(p.name, "learner").set(max(0, peer_lag()))

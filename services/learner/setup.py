@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 from mutualrl.config import ExperimentConfig
+from mutualrl.config.schema import OptimConfig
 from mutualrl.runtime.policy_setup import PreparedPolicy
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.learner.learner import Learner, LearnerSettings
@@ -12,6 +13,17 @@ from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegis
 from mutualrl.tasks import Verifier
 from mutualrl.thl import ThlBudget
 from mutualrl.weights import WeightStore
+
+
+def learner_optim(cfg: ExperimentConfig, optim: OptimConfig, n_peers: int) -> OptimConfig:
+    """The optimiser settings a learner runs with: HACPO's paper schedule takes
+    ``self_minibatches + cross_minibatches · peers`` updates per step, and with
+    ``sharing.hacpo.scale_lr`` the learning rate is divided by that count (docs/algorithms.md §2.8)."""
+    h = cfg.sharing.hacpo
+    if cfg.sharing.mode != "hacpo" or h.schedule != "paper" or not h.scale_lr:
+        return optim
+    updates = h.self_minibatches + h.cross_minibatches * max(1, n_peers)
+    return optim.model_copy(update={"lr": optim.lr / updates})
 
 
 def make_learner(
@@ -28,9 +40,9 @@ def make_learner(
         pp.arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip),
         cfg.sharing.max_version_lag, p.tokenizer.chat_template, cfg.thl.placement,
     )
+    peers = [q.name for q in cfg.policies if q.name != p.name]
     settings = LearnerSettings(
-        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=p.optim,
+        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=learner_optim(cfg, p.optim, len(peers)),
         max_new_tokens=cfg.budget.max_new_tokens, device=p.engine.device, peer_deadline_s=peer_deadline_s,
     )
-    peers = [q.name for q in cfg.policies if q.name != p.name]
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers, ref_model=ref)
