@@ -309,6 +309,33 @@ def compose(
     out.print(f"wrote {out_file} and {prometheus_file}")
 
 
+see_app = typer.Typer(no_args_is_help=True, help="Shared Experience Exchange tools.")
+app.add_typer(see_app, name="see")
+
+
+@see_app.command("acl")
+def see_acl(
+    policies: list[str] = typer.Option(..., "--policy", help="A policy whose rollout and learner services get a user (repeatable)."),
+    out_file: Path = typer.Option(..., "--out", help="Where to write the Redis ACL file."),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="The run's SEE namespace; omit to allow any run's keys (MWRA names runs later)."),
+    observer: bool = typer.Option(False, "--observer", help="Add mwra.observer, the controller's read-only identity."),
+) -> None:
+    """Write the Redis ACL file of a deployment: one user per service that may append only to its
+    own streams. Passwords come from the environment: MUTUALRL_REDIS_ADMIN_PASSWORD and, per
+    service, MUTUALRL_REDIS_PASSWORD_<POLICY>_<ROLE> (the Helm chart and compose file set them)."""
+    from mutualrl.see.acl import ADMIN_PASSWORD_ENV, OBSERVER, ServiceUser, acl_file, password_env
+
+    services = [(p, r) for p in policies for r in ("rollout", "learner")] + ([OBSERVER] if observer else [])
+    missing = [v for v in [ADMIN_PASSWORD_ENV, *(password_env(f"{p}.{r}") for p, r in services)] if not os.environ.get(v)]
+    if missing:
+        raise _fail(f"set {', '.join(missing)}")
+    users = [ServiceUser(p, r, os.environ[password_env(f"{p}.{r}")]) for p, r in services]
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(acl_file(namespace, users, os.environ[ADMIN_PASSWORD_ENV]))
+    out_file.chmod(0o600)
+    out.print(f"wrote {out_file}: {len(users)} users")
+
+
 thl_app = typer.Typer(no_args_is_help=True, help="Tokenizer Heterogeneity Layer tools.")
 app.add_typer(thl_app, name="thl")
 

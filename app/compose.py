@@ -15,6 +15,7 @@ import yaml
 
 from mutualrl.config import ExperimentConfig
 from mutualrl.runtime.serve_args import serve_argv
+from mutualrl.see.acl import ADMIN_PASSWORD_ENV, password_env
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.local import plan_gpu_host
 
@@ -24,6 +25,10 @@ NAMESPACE = "mutualrl:compose"
 OPS_PORT, GRPC_PORT = 9000, 50051
 HMAC = "${MUTUALRL_HMAC_KEY:?set MUTUALRL_HMAC_KEY in .env (see deploy/compose/env.example)}"
 TOKEN = "${MUTUALRL_API_TOKEN:?set MUTUALRL_API_TOKEN in .env (see deploy/compose/env.example)}"
+
+
+def _secret(var: str) -> str:
+    return "${%s:?set %s in .env (see deploy/compose/env.example)}" % (var, var)
 
 
 def service_name(policy: str, role: str, profile: str) -> str:
@@ -42,7 +47,9 @@ def _policy_service(policy: str, role: str, profile: str, config_file: str) -> d
         "build": {"context": ".", "args": {"FLAVOR": flavor}},
         "profiles": [profile],
         "command": service_command(policy, role, "/etc/mutualrl/config.yaml"),
-        "environment": {"MUTUALRL_HMAC_KEY": HMAC, "MUTUALRL_OPS_PORT": str(OPS_PORT)},
+        # its own Redis identity: the ACL lets it append only to its own streams
+        "environment": {"MUTUALRL_HMAC_KEY": HMAC, "MUTUALRL_OPS_PORT": str(OPS_PORT), "MUTUALRL_REDIS_USERNAME": f"{policy}.{role}",
+                        "MUTUALRL_REDIS_PASSWORD": _secret(password_env(f"{policy}.{role}"))},
         "volumes": [f"./{config_file}:/etc/mutualrl/config.yaml:ro", "weights:/weights", "data:/data"],
         "depends_on": {"redis": {"condition": "service_healthy"}},
         "restart": "on-failure",
@@ -56,11 +63,24 @@ def _reservation(ids: str) -> dict[str, Any]:
 
 
 def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file: str, gpu_file: str, gpus: int) -> dict[str, Any]:
+    names = sorted({p.name for p in cpu_cfg.policies} | {p.name for p in gpu_cfg.policies})
+    passwords = {password_env(f"{n}.{r}"): _secret(password_env(f"{n}.{r}")) for n in names for r in ("rollout", "learner")}
     services: dict[str, Any] = {
+        # writes the ACL file (`mutualrl see acl`, the definition `mutualrl up` and the chart use) before Redis starts
+        "redis-acl": {
+            "image": IMAGE.format(flavor="cpu"),
+            "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
+            "command": ["see", "acl", "--namespace", NAMESPACE, *[a for n in names for a in ("--policy", n)], "--out", "/acl/users.acl"],
+            "environment": {ADMIN_PASSWORD_ENV: _secret(ADMIN_PASSWORD_ENV), **passwords},
+            "volumes": ["acl:/acl"],
+            "restart": "no",
+        },
         "redis": {
             "image": "redis:7.2-alpine",
-            "command": ["redis-server", "--appendonly", "yes", "--appendfsync", "everysec"],
-            "volumes": ["redis:/data"],
+            "command": ["redis-server", "--appendonly", "yes", "--appendfsync", "everysec", "--aclfile", "/acl/users.acl"],
+            "environment": {"REDISCLI_AUTH": _secret(ADMIN_PASSWORD_ENV)},  # the health check's (admin) credentials
+            "volumes": ["redis:/data", "acl:/acl:ro"],
+            "depends_on": {"redis-acl": {"condition": "service_completed_successfully"}},
             "healthcheck": {"test": ["CMD", "redis-cli", "ping"], "interval": "5s", "timeout": "3s", "retries": 10},
             "restart": "unless-stopped",
         },
@@ -122,7 +142,7 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
     return {
         "version": "3.9",
         "services": services,
-        "volumes": {"redis": {}, "weights": {}, "data": {}, "prometheus": {}},
+        "volumes": {"redis": {}, "acl": {}, "weights": {}, "data": {}, "prometheus": {}},
     }
 
 

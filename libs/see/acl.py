@@ -25,7 +25,16 @@ ROLE_KINDS = {
     # what each role appends, by (kind, producer suffix): the producer names the services use
     "rollout": (("rollout", ""), ("verified_success", ""), ("advantage_stats", ""), ("heartbeat", ".rollout")),
     "learner": (("weights_published", ""), ("heartbeat", ".learner")),
+    "observer": (),  # MWRA's controller: reads heartbeats, writes nothing but dead letters
 }
+OBSERVER = ("mwra", "observer")  # the controller's identity: user "mwra.observer"
+ADMIN_PASSWORD_ENV = "MUTUALRL_REDIS_ADMIN_PASSWORD"
+
+
+def password_env(service: str) -> str:
+    """The environment variable a deployment passes a service's password in, e.g.
+    ``llama-char.rollout`` -> ``MUTUALRL_REDIS_PASSWORD_LLAMA_CHAR_ROLLOUT``."""
+    return "MUTUALRL_REDIS_PASSWORD_" + "".join(c if c.isalnum() else "_" for c in service).upper()
 
 # reading and consumer-group bookkeeping on any of the run's streams
 READ_COMMANDS = ("xreadgroup", "xack", "xgroup", "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xinfo", "exists", "type", "scan")
@@ -46,11 +55,18 @@ class ServiceUser:
         return f"{self.policy}.{self.role}"
 
 
-def own_streams(namespace: str, policy: str, role: str) -> list[str]:
-    """The keys a service may append to."""
+def _own_keys(policy: str, role: str) -> list[str]:
+    """The stream names a service appends to, after ``<namespace>:``."""
     if role not in ROLE_KINDS:
         raise ValueError(f"role must be one of {', '.join(ROLE_KINDS)}; got {role!r}")
-    return [stream_name(namespace, kind, policy + suffix) for kind, suffix in ROLE_KINDS[role]] + [dead_letter_stream(namespace)]
+    probe = "\n"  # a namespace no real one equals, cut off again below
+    names = [stream_name(probe, kind, policy + suffix) for kind, suffix in ROLE_KINDS[role]] + [dead_letter_stream(probe)]
+    return [n[len(probe) + 1:] for n in names]
+
+
+def own_streams(namespace: str, policy: str, role: str) -> list[str]:
+    """The keys a service may append to."""
+    return [f"{namespace}:{k}" for k in _own_keys(policy, role)]
 
 
 def _glob_escape(key: str) -> str:
@@ -58,15 +74,19 @@ def _glob_escape(key: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in key)
 
 
-def acl_rules(namespace: str, user: ServiceUser) -> list[str]:
-    """The ``ACL SETUSER`` rules of one service (the password stored as its SHA-256)."""
+def acl_rules(namespace: str | None, user: ServiceUser) -> list[str]:
+    """The ``ACL SETUSER`` rules of one service (the password stored as its SHA-256).
+    ``namespace`` None: any run's keys (a deployment whose run ids are made later, by MWRA)."""
     digest = hashlib.sha256(user.password.encode()).hexdigest()
-    read_keys = f"~{_glob_escape(namespace)}:*"
-    writes = " ".join(f"~{_glob_escape(k)}" for k in own_streams(namespace, user.policy, user.role))
+    if namespace is None:
+        read_keys, prefix = "~*", "*:"
+    else:
+        read_keys, prefix = f"~{_glob_escape(namespace)}:*", _glob_escape(namespace) + ":"
+    writes = " ".join(f"~{prefix}{_glob_escape(k)}" for k in _own_keys(user.policy, user.role))
     return ["reset", "on", f"#{digest}", "resetchannels", read_keys, *(f"+{c}" for c in READ_COMMANDS + CONNECTION_COMMANDS), f"({writes} +xadd +xtrim)"]
 
 
-def acl_file(namespace: str, users: list[ServiceUser], admin_password: str) -> str:
+def acl_file(namespace: str | None, users: list[ServiceUser], admin_password: str) -> str:
     """An ACL file: the default user (the operator's, with every permission) and one user per service."""
     admin = hashlib.sha256(admin_password.encode()).hexdigest()
     lines = [f"user default on #{admin} ~* &* +@all"]

@@ -55,9 +55,14 @@ def test_compose_file_is_the_generators_output():
     assert (ROOT / "deploy" / "prometheus" / "prometheus-compose.yml").read_text() == prometheus_config(cpu, gpu)
 
 
+def _env_example() -> dict[str, str]:
+    lines = (ROOT / "deploy" / "compose" / "env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_docker_compose_config(profile):
-    env = {**os.environ, "MUTUALRL_HMAC_KEY": "k", "MUTUALRL_API_TOKEN": "t", "COMPOSE_PROFILES": profile}
+    env = {**os.environ, **_env_example(), "COMPOSE_PROFILES": profile}
     p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     # (docker-compose 1.29 lists every service with --services, whatever the profile: read the file)
@@ -69,12 +74,43 @@ def test_docker_compose_config(profile):
         deps = services[name].get("depends_on", {})
         assert all(d in active for d in deps), (name, deps)
     assert services["llama-char-rollout"]["depends_on"]["redis"] == {"condition": "service_healthy"}
+    # Redis starts from the ACL file `mutualrl see acl` wrote; each service has its own identity
+    assert "--aclfile" in services["redis"]["command"] and services["redis"]["depends_on"]["redis-acl"]["condition"] == "service_completed_successfully"
+    assert services["redis-acl"]["command"][:2] == ["see", "acl"]
+    for name in active:
+        env = services[name].get("environment", {})
+        if "MUTUALRL_REDIS_USERNAME" in env:
+            policy, role = env["MUTUALRL_REDIS_USERNAME"].split(".")
+            assert env["MUTUALRL_REDIS_PASSWORD"].startswith("${MUTUALRL_REDIS_PASSWORD_" + policy.upper().replace("-", "_") + "_" + role.upper())
+
+
+def test_the_compose_acl_job_writes_a_file_redis_enforces(tmp_path):
+    """The redis-acl service's command, run here with env.example's passwords, writes an ACL file
+    a real Redis loads: a service appends to its own stream and gets NOPERM on another's."""
+    import redis
+
+    from mutualrl.see.server import RedisServer
+
+    doc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    cmd = [a if a != "/acl/users.acl" else str(tmp_path / "users.acl") for a in doc["services"]["redis-acl"]["command"]]
+    env = {**os.environ, **_env_example()}
+    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", *cmd], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    with RedisServer(password=env["MUTUALRL_REDIS_ADMIN_PASSWORD"], aclfile=str(tmp_path / "users.acl")) as srv:
+        me = redis.Redis(port=srv.port, username="llama-char.rollout", password=env["MUTUALRL_REDIS_PASSWORD_LLAMA_CHAR_ROLLOUT"])
+        me.xadd("mutualrl:compose:rollout:llama-char", {"d": b"x"})
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            me.xadd("mutualrl:compose:rollout:gpt2-bpe", {"d": b"x"})
+        me.close()
 
 
 def test_compose_without_the_secrets_fails_naming_them():
-    env = {k: v for k, v in os.environ.items() if k not in ("MUTUALRL_HMAC_KEY", "MUTUALRL_API_TOKEN")}
-    p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True, text=True, env=env, cwd=ROOT)
-    assert p.returncode != 0 and "MUTUALRL_HMAC_KEY" in p.stderr
+    for missing in _env_example():  # each secret, left out alone, is named
+        if missing == "COMPOSE_PROFILES":
+            continue
+        env = {**os.environ, **{k: v for k, v in _env_example().items() if k != missing}}
+        p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True, text=True, env=env, cwd=ROOT)
+        assert p.returncode != 0 and missing in p.stderr, missing
 
 
 def test_compose_services_run_the_commands_up_runs(tmp_path):
