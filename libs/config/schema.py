@@ -339,6 +339,7 @@ class KubernetesConfig(_Strict):
     admission_timeout_s: float = Field(600.0, gt=0, description="mwra gang backend: evict and requeue a gang not running within this time.")
     redis_url: Optional[str] = Field(None, description="Broker URL the pods use.")
     redis_url_secret: Optional[str] = Field(None, description="Secret with key `redis-url` the pods read the broker URL from (the Helm chart sets it).")
+    redis_users_secret: Optional[str] = Field(None, description="Secret with one Redis password per `<policy>.<role>` key: each pod's own ACL identity (the Helm chart sets it).")
     weights_claim: Optional[str] = Field(None, description="ReadWriteMany PVC mounted at /weights in every pod.")
     hmac_secret: Optional[str] = Field(None, description="Secret with key `hmac-key`, exposed to pods as MUTUALRL_HMAC_KEY.")
 

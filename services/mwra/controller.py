@@ -89,7 +89,8 @@ class Controller:
                            {p.name: {"cpu": p.resources.cpu, "memory": p.resources.memory} for p in cfg.policies},
                            {p.name: {"backend": p.engine.backend, "model": p.model.path or "", "tp": p.resources.rollout_tp,
                                      "image": p.resources.engine_image, "args": list(p.resources.engine_args)}
-                            for p in cfg.policies if p.engine.backend != "hf"})
+                            for p in cfg.policies if p.engine.backend != "hf"},
+                           redis_users_secret=k.redis_users_secret)
             exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=self.ema_alpha))
             self.backend.apply(spec, plan)
             self.experiments[exp_id] = exp

@@ -101,6 +101,50 @@ def test_static_workloads_run_the_command_up_runs():
         assert c["command"] == ["mutualrl"] and c["args"] == expected
 
 
+def test_bundled_redis_gives_every_pod_its_own_acl_identity(tmp_path):
+    """The Redis pod's init container writes the ACL file with `mutualrl see acl` from the users
+    Secret; every policy pod runs as `<policy>.<role>`, the controller as `mwra.observer`. The
+    init container's command, run here with its environment, writes a file a real Redis enforces."""
+    import base64
+    import os
+    import subprocess
+    import sys
+
+    import redis
+
+    from mutualrl.see.server import RedisServer
+
+    objs = render(values_of(CHART / "ci" / "cpu-tiny-values.yaml"))
+    users = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-redis-users"))
+    passwords = {k: base64.b64decode(v).decode() for k, v in users["data"].items()}
+    policies = [p["name"] for p in values_of(CHART / "ci" / "cpu-tiny-values.yaml")["policies"]]
+    assert set(passwords) == {"admin", "mwra.observer", *(f"{p}.{r}" for p in policies for r in ("rollout", "learner"))}
+    redis_pod = next(o for o in objs if o["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    init = redis_pod["initContainers"][0]
+    assert "--aclfile" in redis_pod["containers"][0]["args"]
+    for d in (o for o in objs if o["kind"] == "Deployment"):
+        env = {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        who = f"{labels['mutualrl.io/policy']}.{labels['mutualrl.io/role']}" if "mutualrl.io/policy" in labels else "mwra.observer"
+        assert env["MUTUALRL_REDIS_USERNAME"]["value"] == who
+        assert env["MUTUALRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == who
+    key_of = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in init["env"]}
+    run_env = {**os.environ, **{name: passwords[key] for name, key in key_of.items()}}
+    args = [a if not a.startswith("--out=") else f"--out={tmp_path / 'users.acl'}" for a in init["args"]]
+    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", *args], capture_output=True, text=True, env=run_env)
+    assert p.returncode == 0, p.stderr
+    with RedisServer(password=passwords["admin"], aclfile=str(tmp_path / "users.acl")) as srv:
+        a, b = policies[0], policies[1]
+        me = redis.Redis(port=srv.port, username=f"{a}.rollout", password=passwords[f"{a}.rollout"])
+        me.xadd(f"mutualrl:any-run:rollout:{a}", {"d": b"x"})
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            me.xadd(f"mutualrl:any-run:rollout:{b}", {"d": b"x"})
+        observer = redis.Redis(port=srv.port, username="mwra.observer", password=passwords["mwra.observer"])
+        assert observer.xlen(f"mutualrl:any-run:rollout:{a}") == 1
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            observer.xadd(f"mutualrl:any-run:heartbeat:{a}.learner", {"d": b"x"})
+
+
 def test_security_and_probes():
     for path in VALUES:
         for o in render(values_of(path)):

@@ -23,6 +23,7 @@ class RunSpec:
     hmac_secret: str | None = None
     resources: dict[str, dict] = field(default_factory=dict)  # policy -> {"cpu": ..., "memory": ...}
     engines: dict[str, dict] = field(default_factory=dict)  # policy -> {"backend", "model", "tp", "image", "args"} (external engines)
+    redis_users_secret: str | None = None  # Secret with one password per "<policy>.<role>": each pod's own Redis identity
 
 
 @dataclass(frozen=True)

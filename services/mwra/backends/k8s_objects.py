@@ -93,6 +93,10 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
                 {"name": "MUTUALRL_POLICY", "value": alloc.policy},
                 {"name": "MUTUALRL_ROLE", "value": role},
                 *([{"name": "MUTUALRL_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": spec.hmac_secret, "key": "hmac-key"}}}] if spec.hmac_secret else []),
+                # its own Redis identity: the ACL lets it append only to its own streams
+                *([{"name": "MUTUALRL_REDIS_USERNAME", "value": f"{alloc.policy}.{role}"},
+                   {"name": "MUTUALRL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": spec.redis_users_secret, "key": f"{alloc.policy}.{role}"}}}]
+                  if spec.redis_users_secret else []),
             ],
             "ports": [{"name": n, "containerPort": p} for n, p in ROLE_PORTS[role]],
             "resources": {

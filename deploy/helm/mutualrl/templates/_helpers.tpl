@@ -44,6 +44,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "mutualrl.redisSecret" -}}{{ default (printf "%s-redis" (include "mutualrl.fullname" .)) .Values.redis.external.existingSecret }}{{- end -}}
 {{- define "mutualrl.runNamespace" -}}{{ printf "mutualrl:%s" .Release.Name }}{{- end -}}
 
+{{- define "mutualrl.redisUsersSecret" -}}{{ printf "%s-redis-users" (include "mutualrl.fullname" .) }}{{- end -}}
+
+{{/* A pod's own Redis identity (bundled Redis: ACL users, `mutualrl see acl`). Call with
+     (dict "root" $ "user" "<policy>.<role>"). */}}
+{{- define "mutualrl.redisIdentity" -}}
+{{- if .root.Values.redis.bundled }}
+- {name: MUTUALRL_REDIS_USERNAME, value: {{ .user | quote }}}
+- name: MUTUALRL_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ include "mutualrl.redisUsersSecret" .root }}, key: {{ .user | quote }}}
+{{- end }}
+{{- end -}}
+
 {{/* The broker URL every pod reads (bundled Redis, or the external one's Secret). */}}
 {{- define "mutualrl.redisEnv" -}}
 - name: MUTUALRL_REDIS_URL
@@ -79,6 +92,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $exp "broker" (dict "backend" "redis" "hmac_key_env" "MUTUALRL_HMAC_KEY") -}}
 {{- $_ := set $exp "launcher" (merge (dict "host" "0.0.0.0") (default dict $exp.launcher)) -}}
 {{- $k8s := dict "namespace" .Release.Namespace "image" (include "mutualrl.image" .) "gang" (include "mutualrl.gang" .) "queue" .Values.mwra.queue "admission_timeout_s" .Values.mwra.admissionTimeoutSeconds "weights_claim" (include "mutualrl.weightsClaim" .) "hmac_secret" (include "mutualrl.hmacSecret" .) "redis_url_secret" (include "mutualrl.redisSecret" .) -}}
+{{- if .Values.redis.bundled }}{{ $_ := set $k8s "redis_users_secret" (include "mutualrl.redisUsersSecret" .) }}{{ end -}}
 {{- $_ := set $exp "mwra" (dict "backend" "kubernetes" "min_gain" .Values.mwra.minGain "move_cost_s" .Values.mwra.moveCostSeconds "kubernetes" $k8s) -}}
 {{- toYaml $exp -}}
 {{- end -}}
