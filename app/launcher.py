@@ -276,6 +276,7 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
     """Returns (exit code, summary). A service that kept crashing puts one line naming it and
     its last error into ``failure``."""
     out.mkdir(parents=True, exist_ok=True)
+    given = cfg.broker  # as the user wrote it: the fail-fast check reads the key they named, if any
     run_env: dict[str, str] = {}
     if cfg.broker.hmac_key_env is None:  # signed by default: a key generated for this run
         cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"hmac_key_env": RUN_HMAC_ENV})})
@@ -296,8 +297,8 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
     try:
         sup.plan()
         if cfg.broker.url is not None:  # fail fast, as `mutualrl run` does, before any warm start
-            hmac_key(cfg.broker)
-            probe_broker(redis_options(cfg.broker, cfg.broker.url))
+            hmac_key(given)
+            probe_broker(redis_options(given, given.url))
         starts = sup.prepare()
         sup.start()
         rc = sup.supervise()
