@@ -326,6 +326,14 @@ class LauncherConfig(_Strict):
     peer_deadline_s: float = Field(10.0, ge=0, description="A learner waits this long for peers to finish the step, then trains without them (never deadlocks).")
     max_restarts: int = Field(3, ge=0, description="Restarts per service after a crash before `up` gives up.")
     host: str = Field("127.0.0.1", description="Interface the services bind (loopback by default).")
+    grpc_tls_cert: Optional[str] = Field(None, description="PEM certificate (chain) of the rollout gRPC port; with grpc_tls_key it serves TLS only.")
+    grpc_tls_key: Optional[str] = Field(None, description="PEM private key of grpc_tls_cert.")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "LauncherConfig":
+        if bool(self.grpc_tls_cert) != bool(self.grpc_tls_key):
+            raise ValueError("launcher.grpc_tls_cert and launcher.grpc_tls_key go together")
+        return self
 
 
 class KubernetesConfig(_Strict):

@@ -9,6 +9,8 @@ what it serves in Prometheus metrics named ``mutualrl_rollout_*``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import threading
 import time
@@ -91,6 +93,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         max_new_tokens: int = 8192,
         max_context: int | None = None,
         announced: Callable[[], tuple[int, str] | None] | None = None,
+        update_token: str | None = None,
     ):
         """``max_context``: the model's context in tokens (prompt + completion); ``announced``
         returns the newest (version, checksum) this policy's learner announced on SEE, the only
@@ -98,6 +101,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         port is not the place to decide which weights a policy serves)."""
         self.max_context = max_context
         self.announced = announced
+        self.update_token = update_token  # UpdateWeights needs "authorization: Bearer <token>" when set
         self.policy = policy
         self.engine = engine
         self.tok = tokenizer
@@ -154,6 +158,10 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
     def UpdateWeights(self, request: rpb.UpdateWeightsRequest, context: grpc.ServicerContext) -> rpb.UpdateWeightsResponse:  # noqa: N802
         current = self.engine.info().weights_version
         try:
+            if self.update_token is not None:
+                given = dict(context.invocation_metadata()).get("authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {self.update_token}".encode()):
+                    raise RequestError(grpc.StatusCode.UNAUTHENTICATED, "UpdateWeights needs the run's bearer token (authorization metadata)")
             if not request.uri:
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "uri is required")
             if request.version <= current:
@@ -190,10 +198,21 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         return {"status": self.engine.health(), "policy": self.policy, "role": "rollout", "weights_version": info.weights_version}
 
 
-def serve(servicer: RolloutServicer, host: str = "127.0.0.1", port: int = 0, max_workers: int = 4) -> tuple[grpc.Server, int]:
-    """Start the gRPC server; returns it and the bound port (``port=0`` picks a free one)."""
+def update_weights_token(hmac_key: bytes, policy: str) -> str:
+    """The bearer token UpdateWeights takes: derived from the run's signing key, so every service
+    of the run (and nobody without the key) can compute it, and it differs per policy."""
+    return hmac.new(hmac_key, b"update-weights:" + policy.encode(), hashlib.sha256).hexdigest()
+
+
+def serve(servicer: RolloutServicer, host: str = "127.0.0.1", port: int = 0, max_workers: int = 4,
+          tls: tuple[bytes, bytes] | None = None) -> tuple[grpc.Server, int]:
+    """Start the gRPC server; returns it and the bound port (``port=0`` picks a free one).
+    ``tls``: (PEM certificate chain, PEM private key) — the port then speaks TLS only."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
     rgrpc.add_RolloutServiceServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is not None:
+        bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(tls[1], tls[0])]))
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     server.start()
     return server, bound

@@ -9,6 +9,7 @@ it has not finished loading). After a restart it resumes at the learner's next s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -16,12 +17,13 @@ from mutualrl.runtime.stage_metrics import StageMetrics
 
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
+from mutualrl.runtime.exchange_setup import hmac_key
 from mutualrl.runtime.policy_setup import prepare_policy
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
 from mutualrl.services.rollout.factory import build_engine
-from mutualrl.services.rollout.server import RolloutServicer, serve
+from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
 from mutualrl.weights import WeightStore
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -40,9 +42,13 @@ def run_rollout_service(args: ServiceArgs) -> int:
         return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
 
     c = pp.arts.model.config
+    key = hmac_key(cfg.broker)
     servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, p.tokenizer.chat_template,
-                               max_context=getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None), announced=announced)
-    server, grpc_port = serve(servicer, cfg.launcher.host, args.grpc_port)
+                               max_context=getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None), announced=announced,
+                               update_token=update_weights_token(key, p.name) if key else None)
+    lc = cfg.launcher
+    tls = (Path(lc.grpc_tls_cert).read_bytes(), Path(lc.grpc_tls_key).read_bytes()) if lc.grpc_tls_cert and lc.grpc_tls_key else None
+    server, grpc_port = serve(servicer, lc.host, args.grpc_port, tls=tls)
     step_g = Gauge("mutualrl_step", "Last step this service finished.", ["policy", "role"], registry=registry)
     rollouts_c = Counter("mutualrl_rollouts", "Rollouts published.", ["policy"], registry=registry)
     shared_out_c = Counter("mutualrl_shared_out", "Verified successes published for peers.", ["policy"], registry=registry)
