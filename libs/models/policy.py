@@ -97,20 +97,7 @@ def load_policy(
         raise ValueError("a policy needs exactly one of a model path or a model family")
     if path and Path(path).exists() and not (Path(path) / "config.json").is_file():
         raise FileNotFoundError(f"model path {path} has no config.json")
-    if tokenizer_path:
-        tok = load_tokenizer(tokenizer_path)
-        tok_key: object = ("path", str(Path(tokenizer_path).resolve()) if Path(tokenizer_path).exists() else tokenizer_path)
-    elif path:
-        tok = load_tokenizer(path)
-        tok_key = ("path", path)
-    elif tokenizer_kind == PRODUCTION_KIND:
-        from mutualrl.models.production import qwen25_tokenizer  # it imports this module's cache helpers
-
-        tok, tok_key = qwen25_tokenizer(cache_dir), ("production", PRODUCTION_KIND)
-    else:
-        if not tokenizer_kind or corpus is None:
-            raise ValueError("a built policy needs a tokenizer kind and a corpus (or a tokenizer path)")
-        tok, tok_key = _cached_tokenizer(tokenizer_kind, vocab_size, corpus, corpus_fingerprint, cache_dir)
+    tok, tok_key = policy_tokenizer(path, tokenizer_path, tokenizer_kind, vocab_size, corpus, corpus_fingerprint, cache_dir)
 
     if path:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -126,6 +113,30 @@ def load_policy(
     model.generation_config.pad_token_id = tok.pad_token_id
     disable_dropout(model)
     return PolicyArtifacts(model=model, tokenizer=tok, source=source, fingerprint=tokenizer_fingerprint(tok))
+
+
+def policy_tokenizer(
+    path: str | None = None,
+    tokenizer_path: str | None = None,
+    tokenizer_kind: str | None = None,
+    vocab_size: int = 300,
+    corpus: Callable[[], list[str]] | None = None,
+    corpus_fingerprint: str = "",
+    cache_dir: Path | None = None,
+) -> tuple[PreTrainedTokenizerBase, object]:
+    """A policy's tokenizer alone, and the key that identifies it: what a learner needs of its
+    peers (their tokenizers, to carry their text through THL) without loading their models."""
+    if tokenizer_path:
+        return load_tokenizer(tokenizer_path), ("path", str(Path(tokenizer_path).resolve()) if Path(tokenizer_path).exists() else tokenizer_path)
+    if path:
+        return load_tokenizer(path), ("path", path)
+    if tokenizer_kind == PRODUCTION_KIND:
+        from mutualrl.models.production import qwen25_tokenizer  # it imports this module's cache helpers
+
+        return qwen25_tokenizer(cache_dir), ("production", PRODUCTION_KIND)
+    if not tokenizer_kind or corpus is None:
+        raise ValueError("a built policy needs a tokenizer kind and a corpus (or a tokenizer path)")
+    return _cached_tokenizer(tokenizer_kind, vocab_size, corpus, corpus_fingerprint, cache_dir)
 
 
 def _cached_tokenizer(kind: str, vocab_size: int, corpus: Callable[[], list[str]], corpus_fp: str, cache_dir: Path | None):

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 from mutualrl.config import ConfigError, ExperimentConfig
 from mutualrl.config.schema import PolicyConfig
 from mutualrl.models.families import ModelShape
-from mutualrl.models.policy import PolicyArtifacts, load_policy
+from mutualrl.models.policy import PolicyArtifacts, load_policy, policy_tokenizer
 from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.warm_start import warm_start
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
@@ -75,6 +75,15 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
         )
         steps = ws.steps
     return PreparedPolicy(p, index, arts, steps)
+
+
+def peer_tokenizer(cfg: ExperimentConfig, index: int, task: Task, cache: Path):
+    """Policy ``index``'s tokenizer alone (cached by content hash): what a learner needs of a
+    peer — never its model or warm start."""
+    p = cfg.policies[index]
+    with input_errors(f"policy {p.name!r}"):
+        tok, _ = policy_tokenizer(p.model.path, p.tokenizer.path, p.tokenizer.kind, p.tokenizer.vocab_size, task.corpus, task.fingerprint(), cache)
+    return tok
 
 
 def evaluate(pp: PreparedPolicy, model, task: Task, verifier: Verifier, cfg: ExperimentConfig) -> float:

@@ -31,7 +31,8 @@ from mutualrl.runtime.stage_metrics import StageMetrics
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
-from mutualrl.runtime.policy_setup import evaluate, prepare_policy
+from mutualrl.models.policy import tokenizer_fingerprint
+from mutualrl.runtime.policy_setup import evaluate, peer_tokenizer, prepare_policy
 from mutualrl.services.learner.setup import make_learner
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
@@ -94,11 +95,13 @@ def run_learner_service(args: ServiceArgs) -> int:
     log = service_logger(f"{args.policy}.learner")
     ctx = ServiceContext(args)
     cfg, p = ctx.cfg, ctx.policy_cfg
-    prepared = [prepare_policy(cfg, i, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s)) for i in range(len(cfg.policies))]
-    tokenizers = TokenizerRegistry()
-    for q in prepared:
-        tokenizers.register(q.arts.fingerprint, q.arts.tokenizer)
-    pp = prepared[ctx.index]
+    pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s))
+    tokenizers = TokenizerRegistry()  # of the peers only their tokenizers: THL carries their text
+    tokenizers.register(pp.arts.fingerprint, pp.arts.tokenizer)
+    for i in range(len(cfg.policies)):
+        if i != ctx.index:
+            tok = peer_tokenizer(cfg, i, ctx.task, ctx.cache)
+            tokenizers.register(tokenizer_fingerprint(tok), tok)
     store = WeightStore(args.weights_dir)
     learner = make_learner(cfg, pp, ctx.exchange, store, tokenizers, ctx.verifier, peer_deadline_s=cfg.launcher.rollout_deadline_s)
     peers = [q.name for q in cfg.policies if q.name != p.name]

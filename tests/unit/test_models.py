@@ -134,3 +134,27 @@ def test_a_policy_on_the_production_qwen_vocabulary():
     assert ids[-1] == arts.tokenizer.eos_token_id
     cfg = parse_config("name: q\npolicies: [{name: q, model: {family: qwen2}, tokenizer: {kind: qwen2.5}}]\n", "t")
     assert cfg.policies[0].tokenizer.kind == "qwen2.5"
+
+
+def test_a_peers_tokenizer_loads_without_its_model(monkeypatch, tmp_path):
+    """A learner needs its peers' tokenizers (THL), never their models or warm starts."""
+    from pathlib import Path
+
+    import mutualrl.models.policy as policy_mod
+    from mutualrl.config import load_config
+    from mutualrl.models.policy import tokenizer_fingerprint
+    from mutualrl.runtime.policy_setup import build_task_from_config, peer_tokenizer
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml", ["task.train_size=500"])
+    task, _ = build_task_from_config(cfg)
+    p = cfg.policies[1]
+    built = load_policy(family=p.model.family, shape=SHAPE, tokenizer_kind=p.tokenizer.kind, vocab_size=p.tokenizer.vocab_size,
+                        corpus=task.corpus, corpus_fingerprint=task.fingerprint(), cache_dir=tmp_path)
+
+    def no_models(*a, **k):
+        raise AssertionError("a peer's model was built")
+
+    monkeypatch.setattr(policy_mod, "build_model", no_models)
+    monkeypatch.setattr(policy_mod.AutoModelForCausalLM, "from_pretrained", no_models)
+    tok = peer_tokenizer(cfg, 1, task, tmp_path)
+    assert tokenizer_fingerprint(tok) == built.fingerprint
