@@ -124,6 +124,51 @@ def sample(
     return samples
 
 
+class _SelectiveLogprobs(torch.autograd.Function):
+    """log_softmax(x)[target] with a hand-written backward, both chunked over rows, so neither
+    pass holds more than one chunk of float32 vocabulary-wide activations: the forward keeps
+    only the per-row logsumexp; the backward writes ``g · (onehot(target) − softmax(x))``
+    straight into the logits' gradient, chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor, idx: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+        for i in range(0, flat.shape[0], chunk_rows):
+            lse[i : i + chunk_rows] = torch.logsumexp(flat[i : i + chunk_rows].float(), dim=-1)
+        picked = flat.gather(-1, idx[:, None]).squeeze(-1).float()
+        ctx.save_for_backward(flat, idx, lse)
+        ctx.chunk_rows = chunk_rows
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        flat, idx, lse = ctx.saved_tensors
+        out = torch.empty_like(flat)
+        rows = torch.arange(flat.shape[0], device=flat.device)
+        for i in range(0, flat.shape[0], ctx.chunk_rows):
+            sl = slice(i, i + ctx.chunk_rows)
+            g = grad[sl].float()[:, None]
+            chunk = torch.exp(flat[sl].float() - lse[sl, None]).mul_(-g)  # −g·softmax
+            chunk[rows[sl] - i, idx[sl]] += g.squeeze(-1)  # + g at the target
+            out[sl] = chunk.to(flat.dtype)
+        return out, None, None
+
+
+def selective_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk_rows: int = 256) -> torch.Tensor:
+    """``log_softmax(logits)[..., target]`` without materialising the full-vocabulary
+    log-softmax: the target's logit minus a logsumexp computed (in float32) over chunks of
+    ``chunk_rows`` positions, with a backward chunked the same way. At a 151k vocabulary and
+    64×512 tokens the full log-softmax alone is ~20 GB of float32; this keeps one chunk's worth
+    beyond the logits and their gradient. Exact up to float rounding, gradients too.
+
+    ``logits [..., V]`` (any float dtype), ``targets [...]`` -> float32 ``[...]``.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    if flat.shape[0] == 0:
+        return logits.new_zeros(targets.shape, dtype=torch.float32)
+    return _SelectiveLogprobs.apply(flat, targets.reshape(-1), chunk_rows).reshape(targets.shape)
+
+
 def sequence_logprobs(
     model: PreTrainedModel,
     prompts: list[list[int]],
@@ -145,9 +190,8 @@ def sequence_logprobs(
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # [B, L, V]
     # logits at position j predict token j+1; the last T+1 positions cover every completion token
-    logits = logits[:, -T - 1 : -1, :].float()  # [B, T, V]
     targets = ids[:, -T:]  # [B, T]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)  # [B, T]
+    logp = selective_logprobs(logits[:, -T - 1 : -1, :], targets)  # [B, T]
     mask = torch.zeros_like(targets, dtype=torch.float32)
     for i, c in enumerate(completions):
         if c:

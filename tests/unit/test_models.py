@@ -158,3 +158,19 @@ def test_a_peers_tokenizer_loads_without_its_model(monkeypatch, tmp_path):
     monkeypatch.setattr(policy_mod.AutoModelForCausalLM, "from_pretrained", no_models)
     tok = peer_tokenizer(cfg, 1, task, tmp_path)
     assert tokenizer_fingerprint(tok) == built.fingerprint
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_selective_logprobs_equal_the_full_log_softmax_with_gradients(dtype):
+    from mutualrl.models.generation import selective_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 1000, generator=g) * 4).to(dtype).requires_grad_(True)
+    targets = torch.randint(0, 1000, (3, 5), generator=g)
+    full = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    mine = selective_logprobs(logits, targets, chunk_rows=4)  # several chunks, one ragged
+    assert mine.dtype == torch.float32 and mine.shape == (3, 5)
+    torch.testing.assert_close(mine, full, atol=1e-5, rtol=1e-5)
+    (g_full,) = torch.autograd.grad(full.sum(), logits)
+    (g_mine,) = torch.autograd.grad(mine.sum(), logits)
+    torch.testing.assert_close(g_mine.float(), g_full.float(), atol=1e-5, rtol=1e-5)
