@@ -222,6 +222,14 @@ class Supervisor:
             self.acl_dir = None
 
 
+def _sum_counts(dicts) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
+
+
 def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[float, int, str, int]], restarts: dict[str, int]) -> dict:
     """The same files as `mutualrl run`: metrics.jsonl (one record per policy and step: the last
     write of a step wins, a step retrained after a crash included), curves.png, summary.json."""
@@ -247,7 +255,7 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
             rec = per_policy.get(p.name, {}).get(step)
             if rec is None:
                 continue
-            rollouts[p.name] = rollouts.get(p.name, 0) + (0 if rec.get("skipped") else cfg.budget.prompts_per_step * cfg.budget.group_size)
+            rollouts[p.name] = rollouts.get(p.name, 0) + int(rec.get("own_rollouts") or 0)  # counted by the learner, not assumed
             rec["rollouts"] = rollouts[p.name]
             rec["shared_out"] = shared_out.get((p.name, step), 0)
             if "eval_accuracy" in rec:
@@ -263,6 +271,7 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
                 "source": src, "params": params, "warm_start_steps": ws_steps, "warm_start_accuracy": acc,
                 "final_accuracy": final[name], "rollouts": rollouts.get(name, 0),
                 "rescue_count": sum(r.get("rescue_count") or 0 for r in per_policy.get(name, {}).values()),
+                "peer_rejections": _sum_counts(r.get("peer_rejected") or {} for r in per_policy.get(name, {}).values()),
                 "restarts": {k: v for k, v in restarts.items() if k.startswith(name + ".")},
             }
             for name, (acc, ws_steps, src, params) in starts.items()

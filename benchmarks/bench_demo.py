@@ -1,7 +1,7 @@
 """`make demo`'s run over many seeds: does every policy end above its warm start — the final
 checkpoint, not the best one — in every seed, and how long does a run take?
 
-    .venv/bin/python benchmarks/bench_demo.py [--seeds 10] [--config examples/demo.yaml] [--out runs/bench-demo]
+    .venv/bin/python benchmarks/bench_demo.py [--seeds 10] [--config examples/demo.yaml] [--out runs/bench-demo] [--set key=value ...]
 
 Goal (the evidence issue): every policy >= 5 points above its warm start in every seed, each run
 within the demo's 2–3 minute budget after setup. Runs already finished under ``--out`` are reused,
@@ -27,6 +27,7 @@ def main() -> int:
     ap.add_argument("--config", default=str(ROOT / "examples" / "demo.yaml"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench-demo"))
     ap.add_argument("--min-gain", type=float, default=0.05)
+    ap.add_argument("--set", action="append", default=[], help="Override a config field (repeatable), as `mutualrl run --set`.")
     args = ap.parse_args()
     rows = []
     for seed in range(args.seeds):
@@ -34,7 +35,7 @@ def main() -> int:
         summary = d / "summary.json"
         t = time.perf_counter()
         if not summary.is_file():
-            run_embedded(load_config(Path(args.config), [f"seed={seed}"]), d, reporter=None)
+            run_embedded(load_config(Path(args.config), [*args.set, f"seed={seed}"]), d, reporter=None)
         wall = time.perf_counter() - t
         pols = json.loads(summary.read_text())["policies"]
         gains = {name: p["final_accuracy"] - p["warm_start_accuracy"] for name, p in pols.items()}

@@ -75,10 +75,22 @@ def probe_broker(opts: RedisOptions) -> None:
         probe.close()
 
 
+def exchange_over(cfg: ExperimentConfig, broker: Broker, namespace: str) -> ExperienceExchange:
+    """The run's exchange over ``broker``: signing key, retention and backpressure from the
+    config — the one construction `mutualrl run`, every `mutualrl serve` service and so `up`
+    share, so they cannot drift apart."""
+    b = cfg.broker
+    backpressure = Backpressure(b.max_backlog, b.on_backlog, b.block_timeout_s) if b.max_backlog else None
+    return ExperienceExchange(
+        broker, namespace, hmac_key=hmac_key(b), max_len=b.max_len,
+        max_age_ms=int(b.max_age_s * 1000) if b.max_age_s else None, backpressure=backpressure,
+    )
+
+
 @contextmanager
 def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterator[ExperienceExchange]:
     b = cfg.broker
-    key = hmac_key(b)
+    hmac_key(b)  # fails before a server starts when the key it names is unset
     server = None
     broker: Broker
     if b.backend == "inprocess":
@@ -101,11 +113,7 @@ def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterat
                 server.cleanup()
             raise
         broker = RedisBroker(opts)
-    backpressure = Backpressure(b.max_backlog, b.on_backlog, b.block_timeout_s) if b.max_backlog else None
-    ex = ExperienceExchange(
-        broker, namespace or run_namespace(cfg), hmac_key=key, max_len=b.max_len,
-        max_age_ms=int(b.max_age_s * 1000) if b.max_age_s else None, backpressure=backpressure,
-    )
+    ex = exchange_over(cfg, broker, namespace or run_namespace(cfg))
     try:
         yield ex
     finally:

@@ -16,8 +16,8 @@ from pathlib import Path
 from mutualrl.config import ExperimentConfig, load_config
 from mutualrl.models.policy import default_cache_dir
 from mutualrl.runtime.policy_setup import build_task_from_config
-from mutualrl.runtime.exchange_setup import hmac_key, redis_options
-from mutualrl.see import ExperienceExchange, RedisBroker
+from mutualrl.runtime.exchange_setup import exchange_over, redis_options
+from mutualrl.see import RedisBroker
 
 
 @dataclass
@@ -78,8 +78,7 @@ class ServiceContext:
         self.policy_cfg = self.cfg.policies[self.index]
         self.task, self.verifier = build_task_from_config(self.cfg)
         self.cache = default_cache_dir()
-        b = self.cfg.broker
-        self.exchange = ExperienceExchange(RedisBroker(redis_options(b, args.redis_url)), args.namespace, hmac_key=hmac_key(b), max_len=b.max_len)
+        self.exchange = exchange_over(self.cfg, RedisBroker(redis_options(self.cfg.broker, args.redis_url)), args.namespace)
         self.state_dir = args.out_dir / "services"
         self.state_dir.mkdir(parents=True, exist_ok=True)
 

@@ -460,6 +460,7 @@ class Learner:
             "empty_updates": empty_updates,
             "shared_in": shared_in,
             "peer_rows": peer_used,
+            "own_rollouts": len(own),
             "peer_candidates": len(intake.rescues) + len(intake.rows) + sum(len(v) for v in intake.stats.values()),
             "peer_rejected": dict(intake.rejected),
             "peer_rescored": intake.rescored,

@@ -100,6 +100,9 @@ def test_two_policies_three_steps_over_processes(tmp_path):
         assert rollout_versions == [0, 1, 2, 3]  # each step sampled with the previous step's weights
         assert (out / "checkpoints" / name / "config.json").is_file()
     assert (out / "summary.json").is_file() and (out / "curves.png").is_file()
+    summary = json.loads((out / "summary.json").read_text())["policies"]
+    for name in ("llama-char", "gpt2-bpe"):  # the same summary as `mutualrl run`: rollouts counted, rejections by reason
+        assert summary[name]["rollouts"] == 4 * 16 * 8 and isinstance(summary[name]["peer_rejections"], dict)
 
 
 def test_killed_learner_is_restarted_and_resumes_without_losing_or_double_counting(tmp_path):
