@@ -21,6 +21,16 @@ def stream_name(namespace: str, kind: str, producer: str) -> str:
     return f"{namespace}:{kind}:{producer}"
 
 
+def misplacement(env, kind: str, owner: str) -> tuple[str, str] | None:
+    """(reason, detail) when a decoded message does not belong on the ``kind`` stream of
+    ``owner`` — another kind, or another producer's name (an impersonation) — else None."""
+    if env.WhichOneof("payload") != kind:
+        return "wrong_kind", f"{env.WhichOneof('payload')} on a {kind} stream"
+    if env.producer != owner:
+        return "wrong_producer", f"{env.producer!r} on {owner!r}'s stream"
+    return None
+
+
 def dead_letter_stream(namespace: str) -> str:
     return f"{namespace}:{DEAD_LETTER}"
 
@@ -164,11 +174,9 @@ class ExperienceExchange:
             except CodecError as err:
                 self._control_dead_letter(e, err.reason, str(err))
                 continue
-            if env.WhichOneof("payload") != kind:
-                self._control_dead_letter(e, "wrong_kind", f"{env.WhichOneof('payload')} on a {kind} stream")
-                continue
-            if env.producer != producer:
-                self._control_dead_letter(e, "wrong_producer", f"{env.producer!r} on {producer!r}'s stream")
+            misplaced = misplacement(env, kind, producer)
+            if misplaced:
+                self._control_dead_letter(e, *misplaced)
                 continue
             return Received(env, e)
         return None
@@ -227,11 +235,9 @@ class Subscription:
                 self._dead_letter(e, err.reason, str(err))
                 continue
             kind, _, owner = e.stream[prefix:].partition(":")
-            if env.WhichOneof("payload") != kind:
-                self._dead_letter(e, "wrong_kind", f"{env.WhichOneof('payload')} on a {kind} stream")
-                continue
-            if env.producer != owner:
-                self._dead_letter(e, "wrong_producer", f"{env.producer!r} on {owner!r}'s stream")
+            misplaced = misplacement(env, kind, owner)
+            if misplaced:
+                self._dead_letter(e, *misplaced)
                 continue
             if env.message_id in self._seen:
                 self.counts["duplicate"] += 1
