@@ -336,6 +336,26 @@ def see_acl(
     out.print(f"wrote {out_file}: {len(users)} users")
 
 
+@see_app.command("keys")
+def see_keys_cmd(
+    policies: list[str] = typer.Option(..., "--policy", help="A policy whose rollout and learner services get a key (repeatable)."),
+    run_key_env: Optional[str] = typer.Option(None, "--run-key-env", help="Derive the keys from the run key in this variable (default: a new random run key)."),
+) -> None:
+    """Print one SEE signing key per service as .env lines (MUTUALRL_SEE_KEY_<POLICY>_<ROLE>=...),
+    derived from a run key, for docker-compose: each service then gets its own key and only its
+    sources' keys (deploy/compose/env.example)."""
+    import secrets
+
+    from mutualrl.see.identity import derive_key, key_env
+
+    run_key = os.environ.get(run_key_env) if run_key_env else secrets.token_hex(32)
+    if not run_key:
+        raise _fail(f"--run-key-env {run_key_env}: the variable is not set")
+    for p in policies:
+        for r in ("rollout", "learner"):
+            typer.echo(f"{key_env(f'{p}.{r}')}={derive_key(run_key, f'{p}.{r}').decode()}")
+
+
 thl_app = typer.Typer(no_args_is_help=True, help="Tokenizer Heterogeneity Layer tools.")
 app.add_typer(thl_app, name="thl")
 

@@ -42,12 +42,12 @@ def build_backend(kind: str, gpus: int | None, node_gpus: int, namespace: str, g
 def heartbeat_connector(redis_url: str):
     """``connect(exp)`` for the follower: the experiment's SEE namespace (its run id) on the
     Redis the pods use, signed with the key its config names (read from this process's env)."""
-    from mutualrl.runtime.exchange_setup import hmac_key, redis_options
+    from mutualrl.runtime.exchange_setup import redis_options, see_keys
     from mutualrl.see import ExperienceExchange, RedisBroker
 
     def connect(exp):
         b = exp.config.broker
-        return ExperienceExchange(RedisBroker(redis_options(b, redis_url)), exp.id, hmac_key=hmac_key(b))
+        return ExperienceExchange(RedisBroker(redis_options(b, redis_url)), exp.id, keys=see_keys(b))
 
     return connect
 

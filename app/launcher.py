@@ -26,6 +26,7 @@ from typing import Callable
 
 from mutualrl.config import ExperimentConfig, dump_config
 from mutualrl.models.policy import default_cache_dir
+from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
 from mutualrl.runtime.exchange_setup import REDIS_PASSWORD_ENV, REDIS_USERNAME_ENV, RUN_HMAC_ENV, hmac_key, probe_broker, redis_options, run_namespace
 from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics
@@ -79,7 +80,7 @@ class Supervisor:
         self.local_plan: LocalPlan | None = None
         self.failure: str | None = None  # one line: which service kept crashing and its last error
         self.identities: dict[str, ServiceUser] = {}  # service -> its Redis user (when `up` runs Redis)
-        self.run_env: dict[str, str] = {}  # what every service gets on top of os.environ (a generated HMAC key)
+        self.run_key: str | None = None  # each service gets only the signing keys derived from it that it needs
         self.acl_dir: Path | None = None
         self._stopping = threading.Event()
 
@@ -151,15 +152,22 @@ class Supervisor:
                 specs.append(Service(f"{p.name}.{role}", role, p.name, argv, ops, grpc_port, log_path=out / "logs" / f"{p.name}.{role}.log"))
         return specs
 
-    def _spawn(self, s: Service) -> None:
-        # the local plan: devices on a GPU host, a share of the cores on a CPU host (a policy's
-        # rollout and learner take turns, so they share its cores instead of oversubscribing)
+    def service_env(self, s: Service) -> dict[str, str]:
+        """What a service runs with: the local plan's devices (GPU host) or share of the cores
+        (CPU host — a policy's rollout and learner take turns, so they share its cores instead of
+        oversubscribing), its signing keys and its Redis identity."""
         plan = self.local_plan or self.plan()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.run_env, **plan.assignments[(s.policy, s.role)].env()}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **plan.assignments[(s.policy, s.role)].env()}
+        if self.run_key:  # its own signing key and its sources' — never the run key itself
+            env.pop(self.cfg.broker.hmac_key_env or RUN_HMAC_ENV, None)
+            env[SEE_KEYS_ENV] = format_keys(keys_for_service(self.run_key, s.policy, s.role, [p.name for p in self.cfg.policies]))
         ident = self.identities.get(s.name)
         if ident is not None:  # in the environment, not on the command line (`ps` shows argv)
             env.update({REDIS_USERNAME_ENV: ident.name, REDIS_PASSWORD_ENV: ident.password})
-        s.proc = subprocess.Popen(s.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
+        return env
+
+    def _spawn(self, s: Service) -> None:
+        s.proc = subprocess.Popen(s.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.service_env(s), text=True, bufsize=1)
         (self.out / "services" / f"{s.name}.pid").write_text(str(s.proc.pid))
         threading.Thread(target=self._pump, args=(s, s.proc), daemon=True).start()
 
@@ -286,14 +294,15 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
     its last error into ``failure``."""
     out.mkdir(parents=True, exist_ok=True)
     given = cfg.broker  # as the user wrote it: the fail-fast check reads the key they named, if any
-    run_env: dict[str, str] = {}
     if cfg.broker.hmac_key_env is None:  # signed by default: a key generated for this run
         cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"hmac_key_env": RUN_HMAC_ENV})})
-        run_env[RUN_HMAC_ENV] = secrets.token_hex(32)
+        run_key = secrets.token_hex(32)
         echo("[up] messages signed with a key generated for this run (set broker.hmac_key_env to use your own)")
+    else:
+        run_key = (hmac_key(given) or b"").decode()
     dump_config(cfg, out / "config.yaml")
     sup = Supervisor(cfg, out, echo)
-    sup.run_env = run_env
+    sup.run_key = run_key
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     interrupted = threading.Event()
 
@@ -306,7 +315,6 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
     try:
         sup.plan()
         if cfg.broker.url is not None:  # fail fast, as `mutualrl run` does, before any warm start
-            hmac_key(given)
             probe_broker(redis_options(given, given.url))
         starts = sup.prepare()
         sup.start()

@@ -22,6 +22,7 @@ import redis
 
 from mutualrl.see import ExperienceExchange, RedisBroker, RedisOptions
 from mutualrl.see.acl import ServiceUser, acl_file
+from mutualrl.see.identity import Keyring, keys_for_service
 from mutualrl.see.server import RedisServer
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -51,13 +52,18 @@ def raw_roundtrip(r: redis.Redis, stream: str, blobs: list[bytes], batch: int) -
     return time.perf_counter() - t0
 
 
-def see_roundtrip(url: str, n: int, batch: int, key: bytes, namespace: str | None = None,
+RUN_KEY = "bench-run-key"
+PUB_KEYS = Keyring(keys_for_service(RUN_KEY, "a", "rollout", ["a", "b"]))  # the producer holds its own key (and its learner's)
+RECV_KEYS = Keyring(keys_for_service(RUN_KEY, "b", "learner", ["a", "b"]))  # the receiver: every rollout service's, to verify
+
+
+def see_roundtrip(url: str, n: int, batch: int, namespace: str | None = None,
                   pub_user: ServiceUser | None = None, recv_user: ServiceUser | None = None) -> float:
     def opts(u: ServiceUser | None) -> RedisOptions:
         return RedisOptions(url=url, username=u.name if u else None, password=u.password if u else None)
 
-    pub = ExperienceExchange(RedisBroker(opts(pub_user)), namespace or f"bench:{time.time_ns()}", hmac_key=key)
-    recv = ExperienceExchange(RedisBroker(opts(recv_user)), pub.namespace, hmac_key=key)
+    pub = ExperienceExchange(RedisBroker(opts(pub_user)), namespace or f"bench:{time.time_ns()}", keys=PUB_KEYS)
+    recv = ExperienceExchange(RedisBroker(opts(recv_user)), pub.namespace, keys=RECV_KEYS)
     sub = recv.subscribe("b", ["rollout"], ["a"])
     msgs = [rollout(i) for i in range(n)]  # the producer's data exists before SEE is involved
     t0 = time.perf_counter()
@@ -73,7 +79,7 @@ def see_roundtrip(url: str, n: int, batch: int, key: bytes, namespace: str | Non
 
 def _consume(url: str, namespace: str, key: bytes, total: int, ready, out) -> None:
     """The receiver runs in its own process, as a learner would (no GIL shared with the publisher)."""
-    recv = ExperienceExchange(RedisBroker(RedisOptions(url=url)), namespace, hmac_key=key)
+    recv = ExperienceExchange(RedisBroker(RedisOptions(url=url)), namespace, keys=key)
     sub = recv.subscribe("b", ["rollout"], ["a"])
     ready.set()
     lat: list[float] = []
@@ -96,7 +102,7 @@ def latency(url: str, rate: int, seconds: float, key: bytes) -> list[float]:
     proc = ctx.Process(target=_consume, args=(url, namespace, key, total, ready, out))
     proc.start()
     ready.wait(60)
-    pub = ExperienceExchange(RedisBroker(RedisOptions(url=url)), namespace, hmac_key=key)
+    pub = ExperienceExchange(RedisBroker(RedisOptions(url=url)), namespace, keys=key)
     msg = rollout(0)
     start = time.perf_counter()
     for i in range(total):
@@ -119,13 +125,17 @@ def main() -> None:
     key = b"bench-hmac-key"
     with RedisServer() as server:
         r = redis.Redis.from_url(server.url)
-        probe = ExperienceExchange(RedisBroker(RedisOptions(url=server.url)), "size", hmac_key=key)
+        probe = ExperienceExchange(RedisBroker(RedisOptions(url=server.url)), "size", keys=key)
         blobs = [probe.codec.encode(probe.codec.wrap(rollout(i), "a", 0)) for i in range(args.n)]
         print(f"server {server.binary} on port {server.port}; {args.n} messages of {statistics.fmean(map(len, blobs)):.0f} bytes, batches of {args.batch}")
-        raw = min(raw_roundtrip(r, "raw", blobs, args.batch) for _ in range(2))
-        see = min(see_roundtrip(server.url, args.n, args.batch, key) for _ in range(2))
+        # interleaved, best of 5 each: on 2 shared cores single runs vary by ±15 %
+        raws, sees = [], []
+        for _ in range(5):
+            raws.append(raw_roundtrip(r, "raw", blobs, args.batch))
+            sees.append(see_roundtrip(server.url, args.n, args.batch))
+        raw, see = min(raws), min(sees)
         print(f"raw redis-py XADD+XREADGROUP+XACK: {args.n / raw:9.0f} msg/s")
-        print(f"SEE publish_many+poll+ack (HMAC): {args.n / see:9.0f} msg/s")
+        print(f"SEE publish_many+poll+ack (per-producer HMAC keys): {args.n / see:9.0f} msg/s")
         print(f"throughput ratio SEE/raw: {raw / see:.2f} (goal >= 0.5)")
         # the same through a Redis that enforces per-service ACL users (selectors on every XADD)
         # and receivers that check each message's producer against its stream
@@ -135,7 +145,7 @@ def main() -> None:
             acl.write_text(acl_file("bench-acl", users, "admin"))
             with RedisServer(password="admin", aclfile=str(acl)) as secured:
                 url = f"redis://127.0.0.1:{secured.port}/0"
-                see_acl = min(see_roundtrip(url, args.n, args.batch, key, "bench-acl", *users) for _ in range(2))
+                see_acl = min(see_roundtrip(url, args.n, args.batch, "bench-acl", *users) for _ in range(5))
         print(f"SEE with ACL users + producer check:{args.n / see_acl:9.0f} msg/s")
         print(f"throughput ratio SEE(ACL)/raw: {raw / see_acl:.2f} (goal >= 0.5)")
         lat = sorted(latency(server.url, args.rate, args.seconds, key))

@@ -293,7 +293,7 @@ class BrokerConfig(_Strict):
     tls_ca_certs: Optional[str] = Field(None, description="CA bundle for TLS.")
     tls_certfile: Optional[str] = Field(None, description="Client certificate for mutual TLS.")
     tls_keyfile: Optional[str] = Field(None, description="Client key for mutual TLS.")
-    hmac_key_env: Optional[str] = Field(None, description="Name of an environment variable holding the HMAC key for signing messages.")
+    hmac_key_env: Optional[str] = Field(None, description="Name of an environment variable holding the run key every service's signing key derives from (a service given its own keys in MUTUALRL_SEE_KEYS uses those instead).")
     max_len: int = Field(100_000, ge=1, description="Retention bound per stream (entries).")
     max_age_s: Optional[float] = Field(None, gt=0, description="Retention bound per stream (age); None keeps entries until max_len.")
     max_backlog: Optional[int] = Field(None, ge=1, description="Backpressure: entries a stream may hold unfinished by its slowest receiver; None = unbounded.")

@@ -14,6 +14,7 @@ from mutualrl.config import ConfigError, ExperimentConfig
 from mutualrl.config.schema import BrokerConfig
 from mutualrl.see import Backpressure, ExperienceExchange, InProcessBroker, RedisBroker, RedisOptions
 from mutualrl.see.broker import Broker
+from mutualrl.see.identity import SEE_KEYS_ENV, Keyring, parse_keys
 
 
 # set by `mutualrl up` for each service it starts: its own Redis identity, and a generated run key
@@ -32,9 +33,24 @@ def _env(name: str | None, what: str) -> str | None:
 
 
 def hmac_key(b: BrokerConfig) -> bytes | None:
-    """The signing key named by ``broker.hmac_key_env`` (ConfigError when that variable is unset)."""
+    """The run key named by ``broker.hmac_key_env`` (ConfigError when that variable is unset)."""
     key = _env(b.hmac_key_env, "broker.hmac_key_env")
     return key.encode() if key else None
+
+
+def see_keys(b: BrokerConfig) -> Keyring | None:
+    """This process's signing keys: the per-service keys `mutualrl up` hands each service
+    (``MUTUALRL_SEE_KEYS``: its own and those of the services it reads), else every key
+    derived from the run key ``broker.hmac_key_env`` names; None when signing is off.
+    ConfigError when the config names a key variable that is unset and no keys were given."""
+    try:
+        given = parse_keys(os.environ.get(SEE_KEYS_ENV, ""))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if given:
+        return Keyring(given)
+    key = hmac_key(b)
+    return Keyring(run_key=key) if key else None
 
 
 def redis_options(b: BrokerConfig, url: str) -> RedisOptions:
@@ -82,7 +98,7 @@ def exchange_over(cfg: ExperimentConfig, broker: Broker, namespace: str) -> Expe
     b = cfg.broker
     backpressure = Backpressure(b.max_backlog, b.on_backlog, b.block_timeout_s) if b.max_backlog else None
     return ExperienceExchange(
-        broker, namespace, hmac_key=hmac_key(b), max_len=b.max_len,
+        broker, namespace, keys=see_keys(b), max_len=b.max_len,
         max_age_ms=int(b.max_age_s * 1000) if b.max_age_s else None, backpressure=backpressure,
     )
 
@@ -90,7 +106,7 @@ def exchange_over(cfg: ExperimentConfig, broker: Broker, namespace: str) -> Expe
 @contextmanager
 def open_exchange(cfg: ExperimentConfig, namespace: str | None = None) -> Iterator[ExperienceExchange]:
     b = cfg.broker
-    hmac_key(b)  # fails before a server starts when the key it names is unset
+    see_keys(b)  # fails before a server starts when the key it names is unset
     server = None
     broker: Broker
     if b.backend == "inprocess":

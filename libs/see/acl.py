@@ -20,14 +20,9 @@ import hashlib
 from dataclasses import dataclass
 
 from mutualrl.see.exchange import dead_letter_stream, stream_name
+from mutualrl.see.identity import OBSERVER, ROLE_KINDS
 
-ROLE_KINDS = {
-    # what each role appends, by (kind, producer suffix): the producer names the services use
-    "rollout": (("rollout", ""), ("verified_success", ""), ("advantage_stats", ""), ("heartbeat", ".rollout")),
-    "learner": (("weights_published", ""), ("heartbeat", ".learner")),
-    "observer": (),  # MWRA's controller: reads heartbeats, writes nothing but dead letters
-}
-OBSERVER = ("mwra", "observer")  # the controller's identity: user "mwra.observer"
+__all__ = ["ADMIN_PASSWORD_ENV", "OBSERVER", "ROLE_KINDS", "ServiceUser", "acl_file", "acl_rules", "own_streams", "password_env"]
 ADMIN_PASSWORD_ENV = "MUTUALRL_REDIS_ADMIN_PASSWORD"
 
 

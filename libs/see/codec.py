@@ -9,6 +9,7 @@ import time
 
 from google.protobuf.message import DecodeError, Message
 
+from mutualrl.see.identity import Keyring, owner_of
 from mutualrl.v1 import experience_pb2 as pb
 
 SCHEMA_VERSION = pb.SCHEMA_VERSION_1
@@ -67,23 +68,41 @@ class EnvelopeCodec:
     """Wraps payloads in envelopes and checks them on the way back.
 
     The signature is an HMAC-SHA256 over the deterministic serialization of the
-    envelope with ``signature`` cleared; when a key is configured every message
-    must carry a valid one, so a peer without the key cannot inject experience.
-    (Both forms verify: the signature field appended to the signed bytes, which
-    is what publishers write, or anywhere in a re-serialised envelope.)
+    envelope with ``signature`` cleared, keyed by the *owning service's* key
+    (:mod:`mutualrl.see.identity`): a rollout is signed with its rollout service's
+    key, a weights announcement with its learner's. When signing is on every message
+    must carry a valid signature under the key of the service its kind and producer
+    name — so a message claiming another producer needs that producer's key, and a
+    receiver without a service's key accepts nothing from it. (Both forms verify: the
+    signature field appended to the signed bytes, which is what publishers write, or
+    anywhere in a re-serialised envelope.)
+
+    ``keys``: a :class:`Keyring`, or one run key (bytes) every service key derives from.
     """
 
-    def __init__(self, hmac_key: bytes | None = None):
-        self.hmac_key = hmac_key
+    def __init__(self, keys: Keyring | bytes | None = None):
+        self.keyring = Keyring(run_key=keys) if isinstance(keys, bytes) else keys
 
-    def _sign(self, env: pb.Envelope) -> bytes:
+    @property
+    def signing(self) -> bool:
+        return self.keyring is not None
+
+    def _signing_key(self, kind: str, producer: str) -> bytes | None:
+        if self.keyring is None:
+            return None
+        key = self.keyring.key_for(kind, producer)
+        if key is None:
+            raise KeyError(f"no signing key for {owner_of(kind, producer)} (this service holds {', '.join(self.keyring.keys) or 'none'})")
+        return key
+
+    @staticmethod
+    def _sign(env: pb.Envelope, key: bytes) -> bytes:
         """HMAC over the envelope serialised with ``signature`` empty (the field is cleared
         for the computation and restored, instead of copying the whole message)."""
-        assert self.hmac_key is not None
         sig = env.signature
         env.ClearField("signature")
         try:
-            return hmac.new(self.hmac_key, env.SerializeToString(deterministic=True), hashlib.sha256).digest()
+            return hmac.new(key, env.SerializeToString(deterministic=True), hashlib.sha256).digest()
         finally:
             if sig:
                 env.signature = sig
@@ -98,9 +117,11 @@ class EnvelopeCodec:
 
     def wrap(self, payload: Message, producer: str, weights_version: int = 0, message_id: str | None = None) -> pb.Envelope:
         env = self._header(producer, weights_version, message_id)
-        getattr(env, kind_of(payload)).CopyFrom(payload)
-        if self.hmac_key:
-            env.signature = self._sign(env)
+        kind = kind_of(payload)
+        getattr(env, kind).CopyFrom(payload)
+        key = self._signing_key(kind, producer)
+        if key:
+            env.signature = self._sign(env, key)
         return env
 
     def encode(self, env: pb.Envelope) -> bytes:
@@ -115,10 +136,12 @@ class EnvelopeCodec:
         this and a re-serialised form)."""
         env = self._header(producer, weights_version, message_id)
         mid, head = env.message_id, env.SerializeToString(deterministic=True)
+        kind = kind_of(payload)
         body = payload.SerializeToString(deterministic=True)
-        data = head + _field_tag(kind_of(payload)) + _varint(len(body)) + body
-        if self.hmac_key:
-            data += _SIG_TAG + hmac.digest(self.hmac_key, data, "sha256")
+        data = head + _field_tag(kind) + _varint(len(body)) + body
+        key = self._signing_key(kind, producer)
+        if key:
+            data += _SIG_TAG + hmac.digest(key, data, "sha256")
         return mid, data
 
     def decode(self, data: bytes) -> pb.Envelope:
@@ -131,16 +154,20 @@ class EnvelopeCodec:
             raise CodecError("unknown_schema_version", f"schema_version={env.schema_version}")
         if not env.message_id:
             raise CodecError("invalid", "missing message_id")
-        if env.WhichOneof("payload") is None:
+        kind = env.WhichOneof("payload")
+        if kind is None:
             raise CodecError("invalid", "no payload")
-        if self.hmac_key:
+        if self.keyring is not None:
             if not env.signature:
                 raise CodecError("bad_signature", "message is unsigned")
+            key = self.keyring.key_for(kind, env.producer)
+            if key is None:
+                raise CodecError("bad_signature", f"no key for {owner_of(kind, env.producer)!r}: this receiver does not read from it")
             if data.endswith(_SIG_TAG + env.signature) and len(env.signature) == 32:
                 # signed over the bytes before the appended signature (wrap_encoded)
-                expected = hmac.digest(self.hmac_key, data[: -len(_SIG_TAG) - 32], "sha256")
+                expected = hmac.digest(key, data[: -len(_SIG_TAG) - 32], "sha256")
                 if hmac.compare_digest(env.signature, expected):
                     return env
-            if not hmac.compare_digest(env.signature, self._sign(env)):
-                raise CodecError("bad_signature", "HMAC does not match")
+            if not hmac.compare_digest(env.signature, self._sign(env, key)):
+                raise CodecError("bad_signature", f"HMAC does not match {owner_of(kind, env.producer)!r}'s key")
         return env

@@ -11,6 +11,7 @@ from google.protobuf.message import Message
 
 from mutualrl.see.broker import Broker, Entry
 from mutualrl.see.codec import PAYLOAD_KINDS, CodecError, EnvelopeCodec, kind_of
+from mutualrl.see.identity import Keyring
 from mutualrl.v1 import experience_pb2 as pb
 
 DEAD_LETTER = "deadletter"
@@ -77,6 +78,8 @@ class ExperienceExchange:
     """Publishes a producer's experience and opens subscriptions for receivers.
 
     ``namespace`` isolates experiments sharing one broker (``mutualrl:<run>``).
+    ``keys``: the signing keys (a :class:`Keyring`, or a run key every service key derives
+    from); None publishes and accepts unsigned messages.
     Retention: ``max_len`` entries and/or ``max_age_ms`` per stream.
     """
 
@@ -84,14 +87,14 @@ class ExperienceExchange:
         self,
         broker: Broker,
         namespace: str,
-        hmac_key: bytes | None = None,
+        keys: Keyring | bytes | None = None,
         max_len: int | None = None,
         max_age_ms: int | None = None,
         backpressure: Backpressure | None = None,
     ):
         self.broker = broker
         self.namespace = namespace
-        self.codec = EnvelopeCodec(hmac_key)
+        self.codec = EnvelopeCodec(keys)
         self.max_len = max_len
         self.max_age_ms = max_age_ms
         self.backpressure = backpressure

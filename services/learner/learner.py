@@ -92,6 +92,8 @@ class Learner:
     ):
         self.policy = policy
         self.model = model.to(settings.device)
+        self._limit = self._context_limit()  # what own rollouts must fit (checked before any tensor is built)
+        self._vocab = self.model.get_input_embeddings().num_embeddings
         self.tok = tokenizer
         self.ex = exchange
         self.intake = intake
@@ -121,64 +123,71 @@ class Learner:
         self.reputation_events: list[ReputationEvent] = []  # of the last step (the service logs them)
 
     # ---- gathering -------------------------------------------------------
-    def _collect_own(self, step: int, expected: int, deadline: float) -> list[Received]:
-        have = [r for r in self._buffer if r.payload.step == step]
+    def _collect_own(self, step: int, expected: int, deadline: float, problems: dict[str, Problem]) -> list[Received]:
+        """This step's own rollouts, until ``expected`` *usable* ones arrived or the deadline:
+        each is checked as it comes (:meth:`_own_problem`) and one per (prompt, sample index)
+        counts — a restarted rollout server may publish a step's sample again under new ids —
+        so a refused or repeated message never takes the place of a real one. Refused rows and
+        copies are acknowledged (consumed, not used) and counted; later steps' rows wait."""
+        have: list[Received] = []
+        seen: set[tuple[str, int]] = set()
+
+        def admit(rows: list[Received]) -> None:
+            refused, copies = [], []
+            for r in rows:
+                reason = self._own_problem(r.payload, problems)
+                key = (r.payload.prompt_id, r.payload.sample_index)
+                if reason is not None:
+                    refused.append(r)
+                    self.totals[f"own_rejected:{reason}"] += 1
+                elif key in seen:
+                    copies.append(r)
+                else:
+                    seen.add(key)
+                    have.append(r)
+            if refused or copies:
+                self.own.ack(refused + copies)
+            self.totals["own_duplicate"] += len(copies)
+
+        admit([r for r in self._buffer if r.payload.step == step])
         self._buffer = [r for r in self._buffer if r.payload.step > step]
         stale: list[Received] = []
         while len(have) < expected:
             remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
             got = self._not_consumed(self.own.poll(block_ms=min(remaining_ms, 200) if remaining_ms else None), self.own)
+            admit([r for r in got if r.payload.step == step])
             for r in got:
-                (have if r.payload.step == step else self._buffer if r.payload.step > step else stale).append(r)
+                if r.payload.step != step:
+                    (self._buffer if r.payload.step > step else stale).append(r)
             if not got and remaining_ms == 0:
                 break
         if stale:
             self.own.ack(stale)  # rollouts of a step already trained: consumed, not used
             self.totals["own_stale"] += len(stale)
-        # a restarted rollout server may publish a step's sample again (new message ids):
-        # one rollout per (prompt, sample index) counts; the copies are acknowledged unused
-        seen: set[tuple[str, int]] = set()
-        unique, copies = [], []
-        for r in have:
-            key = (r.payload.prompt_id, r.payload.sample_index)
-            (copies if key in seen else unique).append(r)
-            seen.add(key)
-        if copies:
-            self.own.ack(copies)
-            self.totals["own_duplicate"] += len(copies)
-        return unique
+        return have
 
     def _context_limit(self) -> int:
         c = self.model.config
         return int(getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None) or 1 << 30)
 
-    def _check_own(self, own: list[Received], problems: dict[str, Problem]) -> list[Received]:
-        """Own rollouts are checked like any input before a tensor is built from them: they must
-        answer one of this step's prompts, fit the model's context and vocabulary, and carry one
-        log-prob per token. Their rewards are re-scored with the learner's verifier (a row whose
-        claimed reward differs is re-scored and counted, never trained on with the claim).
-        Rejected ones are acknowledged — consumed, not used — and counted by reason."""
-        limit, vocab = self._context_limit(), self.model.get_input_embeddings().num_embeddings
-        ok: list[Received] = []
-        rejected: list[Received] = []
-        for r in own:
-            p = r.payload
-            reason = None
-            if p.prompt_id not in problems:
-                reason = "unknown_prompt"
-            elif not p.token_ids or len(p.logprobs) != len(p.token_ids):
-                reason = "malformed"
-            elif len(p.prompt_token_ids) + len(p.token_ids) > limit:
-                reason = "too_long"
-            elif any(t < 0 or t >= vocab for t in p.token_ids) or any(t < 0 or t >= vocab for t in p.prompt_token_ids):
-                reason = "bad_token"
-            if reason is not None:
-                rejected.append(r)
-                self.totals[f"own_rejected:{reason}"] += 1
-                continue
-            ok.append(r)
-        if rejected:
-            self.own.ack(rejected)
+    def _own_problem(self, p, problems: dict[str, Problem]) -> str | None:
+        """Why an own rollout cannot be used (None when it can): own rollouts are checked like any
+        input before a tensor is built from them — they must answer one of this step's prompts,
+        fit the model's context and vocabulary, and carry one log-prob per token."""
+        if p.prompt_id not in problems:
+            return "unknown_prompt"
+        if not p.token_ids or len(p.logprobs) != len(p.token_ids):
+            return "malformed"
+        if len(p.prompt_token_ids) + len(p.token_ids) > self._limit:
+            return "too_long"
+        vocab = self._vocab
+        if any(t < 0 or t >= vocab for t in p.token_ids) or any(t < 0 or t >= vocab for t in p.prompt_token_ids):
+            return "bad_token"
+        return None
+
+    def _rescore_own(self, ok: list[Received], problems: dict[str, Problem]) -> list[Received]:
+        """Own rewards are re-scored with the learner's verifier: a row whose claimed reward
+        differs is re-scored and counted, never trained on with the claim."""
         if ok:
             texts = self.tok.batch_decode([list(r.payload.token_ids) for r in ok], skip_special_tokens=True, clean_up_tokenization_spaces=False)
             scores = self.intake.verifier.score_many([problems[r.payload.prompt_id] for r in ok], texts)
@@ -310,10 +319,10 @@ class Learner:
         :meth:`commit` (a service commits after checkpointing, for lossless resume)."""
         t0 = time.monotonic()
         expected = len(problems) * self.s.group_size
-        own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s)
-        stages = {"wait": time.monotonic() - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
         by_id = {p.prompt_id: p for p in problems}
-        own = self._check_own(own, by_id)
+        own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s, by_id)
+        stages = {"wait": time.monotonic() - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
+        own = self._rescore_own(own, by_id)
         if not own:
             return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
         own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))

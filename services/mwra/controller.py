@@ -8,6 +8,7 @@ lost. Only the controller holding the Lease acts; the others answer reads and wa
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -16,10 +17,21 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from mutualrl.config import ExperimentConfig
+from mutualrl.see.identity import derive_key
 from mutualrl.services.mwra.backends.base import Backend, BackendEvent, RunSpec
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.metrics import MwraMetrics
 from mutualrl.services.mwra.planner import MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, decide_replan, make_plan
+
+
+def run_see_keys(cfg: ExperimentConfig) -> dict[str, str]:
+    """Every service's signing key for a run the controller starts, derived from the run key
+    (``broker.hmac_key_env``, in the controller's environment): each pod then gets only its own
+    and its sources'. Empty when the controller does not hold the key (pods derive their own)."""
+    run_key = os.environ.get(cfg.broker.hmac_key_env) if cfg.broker.hmac_key_env else None
+    if not run_key:
+        return {}
+    return {f"{p.name}.{r}": derive_key(run_key, f"{p.name}.{r}").decode() for p in cfg.policies for r in ("rollout", "learner")}
 
 
 @dataclass
@@ -90,7 +102,7 @@ class Controller:
                            {p.name: {"backend": p.engine.backend, "model": p.model.path or "", "tp": p.resources.rollout_tp,
                                      "image": p.resources.engine_image, "args": list(p.resources.engine_args)}
                             for p in cfg.policies if p.engine.backend != "hf"},
-                           redis_users_secret=k.redis_users_secret)
+                           redis_users_secret=k.redis_users_secret, see_keys=run_see_keys(cfg))
             exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=self.ema_alpha))
             self.backend.apply(spec, plan)
             self.experiments[exp_id] = exp

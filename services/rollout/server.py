@@ -198,10 +198,11 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         return {"status": self.engine.health(), "policy": self.policy, "role": "rollout", "weights_version": info.weights_version}
 
 
-def update_weights_token(hmac_key: bytes, policy: str) -> str:
-    """The bearer token UpdateWeights takes: derived from the run's signing key, so every service
-    of the run (and nobody without the key) can compute it, and it differs per policy."""
-    return hmac.new(hmac_key, b"update-weights:" + policy.encode(), hashlib.sha256).hexdigest()
+def update_weights_token(learner_key: bytes, policy: str) -> str:
+    """The bearer token UpdateWeights takes: derived from the policy's learner's signing key
+    (the one weight announcements are signed with), so the learner — and its rollout service,
+    which holds that key to verify announcements — can compute it, and nobody without it."""
+    return hmac.new(learner_key, b"update-weights:" + policy.encode(), hashlib.sha256).hexdigest()
 
 
 def serve(servicer: RolloutServicer, host: str = "127.0.0.1", port: int = 0, max_workers: int = 4,

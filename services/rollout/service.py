@@ -17,7 +17,6 @@ from mutualrl.runtime.stage_metrics import StageMetrics
 
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
-from mutualrl.runtime.exchange_setup import hmac_key
 from mutualrl.runtime.policy_setup import prepare_policy
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
@@ -42,7 +41,8 @@ def run_rollout_service(args: ServiceArgs) -> int:
         return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
 
     c = pp.arts.model.config
-    key = hmac_key(cfg.broker)
+    keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
+    key = keyring.key(f"{p.name}.learner") if keyring is not None else None
     servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, p.tokenizer.chat_template,
                                max_context=getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None), announced=announced,
                                update_token=update_weights_token(key, p.name) if key else None)

@@ -145,6 +145,45 @@ def test_bundled_redis_gives_every_pod_its_own_acl_identity(tmp_path):
             observer.xadd(f"mutualrl:any-run:heartbeat:{a}.learner", {"d": b"x"})
 
 
+def test_static_pods_hold_their_own_signing_key_and_only_their_sources(tmp_path):
+    """Each policy pod's MUTUALRL_SEE_KEYS, expanded from the keys Secret as the kubelet expands
+    $(VAR): its own key and its sources' (a rollout its learner's, a learner every rollout
+    service's) — never the run key — and what one pod signs, the pods that read it verify."""
+    import base64
+    import re
+
+    from mutualrl.see.codec import CodecError, EnvelopeCodec
+    from mutualrl.see.identity import Keyring, parse_keys
+    from mutualrl.v1 import experience_pb2 as pb
+
+    objs = render(values_of(CHART / "ci" / "cpu-tiny-values.yaml"))
+    secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-see-keys"))
+    values = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    policies = [p["name"] for p in values_of(CHART / "ci" / "cpu-tiny-values.yaml")["policies"]]
+    assert set(values) == {f"{p}.{r}" for p in policies for r in ("rollout", "learner")} and len(set(values.values())) == len(values)
+    rings = {}
+    for d in (o for o in objs if o["kind"] == "Deployment" and "mutualrl.io/policy" in o["spec"]["template"]["metadata"]["labels"]):
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        policy, role = labels["mutualrl.io/policy"], labels["mutualrl.io/role"]
+        env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert "MUTUALRL_HMAC_KEY" not in {e["name"] for e in env}
+        resolved: dict[str, str] = {}
+        for e in env:  # the kubelet's expansion: secretKeyRef values, then $(VAR) in later values
+            if "valueFrom" in e and e["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]:
+                resolved[e["name"]] = values[e["valueFrom"]["secretKeyRef"]["key"]]
+            elif "value" in e:
+                resolved[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: resolved[m.group(1)], e["value"])
+        keys = parse_keys(resolved["MUTUALRL_SEE_KEYS"])
+        expected = {f"{policy}.{role}", f"{policy}.learner"} if role == "rollout" else {f"{policy}.learner", *(f"{q}.rollout" for q in policies)}
+        assert set(keys) == expected and all(keys[s] == values[s].encode() for s in keys)
+        rings[f"{policy}.{role}"] = EnvelopeCodec(Keyring(keys))
+    a, b = policies[0], policies[1]
+    _, data = rings[f"{a}.rollout"].wrap_encoded(pb.Rollout(prompt_id="p"), a)
+    assert rings[f"{b}.learner"].decode(data).producer == a
+    with pytest.raises(CodecError, match="no key"):
+        rings[f"{b}.rollout"].decode(data)
+
+
 def test_security_and_probes():
     for path in VALUES:
         for o in render(values_of(path)):

@@ -62,7 +62,7 @@ def test_forged_own_rewards_are_rescored_and_bad_rows_refused(arithmetic_task):
 def test_a_poison_pill_is_dead_lettered_after_max_deliveries():
     """A message whose processing kills the receiver comes back on every restart; after
     max_deliveries it goes to the dead-letter stream instead of crash-looping the service."""
-    ex = ExperienceExchange(InProcessBroker(), "mutualrl:pp", hmac_key=b"k" * 32)
+    ex = ExperienceExchange(InProcessBroker(), "mutualrl:pp", keys=b"k" * 32)
     ex.publish(pb.Rollout(prompt_id="p", step=1, token_ids=[1], logprobs=[-1.0]), "a")
     sub = ex.subscribe("a", ["rollout"], ["a"], consumer="a-learner", max_deliveries=3)
     assert len(sub.poll()) == 1  # delivered; the receiver "crashes" before acking

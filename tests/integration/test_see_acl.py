@@ -27,7 +27,7 @@ def server(tmp_path_factory):
 
 def _exchange(server, user: ServiceUser, key=b"k" * 32) -> ExperienceExchange:
     opts = RedisOptions(url=f"redis://127.0.0.1:{server.port}/0", username=user.name, password=user.password, retries=0)
-    return ExperienceExchange(RedisBroker(opts), NS, hmac_key=key)
+    return ExperienceExchange(RedisBroker(opts), NS, keys=key)
 
 
 def test_a_service_appends_to_its_own_streams_only(server):

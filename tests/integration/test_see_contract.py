@@ -26,7 +26,7 @@ def broker(request):
 @pytest.fixture
 def _ex(broker):
     def make(key=None, max_len=None, **kw):
-        return ExperienceExchange(broker, "mutualrl:test", hmac_key=key, max_len=max_len, **kw)
+        return ExperienceExchange(broker, "mutualrl:test", keys=key, max_len=max_len, **kw)
 
     return make
 
@@ -100,10 +100,10 @@ def test_broken_messages_go_to_dead_letter_and_the_consumer_keeps_running(_ex, c
         env.schema_version = 99
         ex.broker.publish(stream, env.SerializeToString())
     elif case == "bad_signature":
-        forged = ExperienceExchange(ex.broker, "mutualrl:test", hmac_key=b"wrong key")
+        forged = ExperienceExchange(ex.broker, "mutualrl:test", keys=b"wrong key")
         forged.publish(_stats(0), "a")
     else:
-        unsigned = ExperienceExchange(ex.broker, "mutualrl:test", hmac_key=None)
+        unsigned = ExperienceExchange(ex.broker, "mutualrl:test", keys=None)
         unsigned.publish(_stats(0), "a")
     good = ex.publish(_stats(1), "a")
     got = sub.poll()

@@ -176,3 +176,91 @@ def test_a_crash_looping_service_is_stopped_with_one_line_naming_it_and_its_last
     assert len(lines) == 1 and "llama-char.rollout crashed 2 times" in lines[0], lines
     assert "EngineUnavailable: no vLLM server at http://127.0.0.1:9" in lines[0], lines
     assert time.monotonic() - t0 < 300
+
+
+def test_up_hands_each_service_only_its_own_signing_key_and_its_sources(tmp_path, monkeypatch):
+    from mutualrl.app.launcher import Supervisor
+    from mutualrl.config import load_config
+    from mutualrl.see.identity import SEE_KEYS_ENV, derive_key, parse_keys
+
+    cfg = load_config(ROOT / "examples" / "demo.yaml")
+    cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"hmac_key_env": "MY_RUN_KEY"})})
+    monkeypatch.setenv("MY_RUN_KEY", "run-secret")
+    sup = Supervisor(cfg, tmp_path, echo=lambda s: None)
+    sup.run_key = "run-secret"
+    names = [p.name for p in cfg.policies]
+    for s in sup.service_specs("redis://127.0.0.1:1/0", "mutualrl:t:1"):
+        env = sup.service_env(s)
+        assert "MY_RUN_KEY" not in env  # the run key never reaches a service
+        keys = parse_keys(env[SEE_KEYS_ENV])
+        own = f"{s.policy}.{s.role}"
+        expected = {own, f"{s.policy}.learner"} if s.role == "rollout" else {own, *(f"{q}.rollout" for q in names)}
+        assert set(keys) == expected and keys[own] == derive_key("run-secret", own)
+
+
+def test_a_live_run_survives_control_plane_junk_a_stolen_key_and_an_impersonator(tmp_path, redis_server):
+    """The attacks of the probe, on a live `mutualrl up` run over a shared Redis the attacker can
+    write to: junk after every heartbeat and weights announcement of one policy, a rollout signed
+    with that policy's stolen rollout key but far past its context and for no prompt of the run,
+    a rollout from a producer named "mallory" (a key no receiver holds) and one validly signed by
+    the peer's stolen key, both on the policy's own stream. The run
+    loses no step, its rollout server follows every weights version, the bad rows are refused
+    and dead-lettered, and every real rollout is trained on."""
+    import threading
+
+    from mutualrl.see.codec import EnvelopeCodec
+    from mutualrl.see.identity import Keyring, derive_key
+    from mutualrl.v1 import experience_pb2 as pb
+
+    out = tmp_path / "run"
+    os.environ["ATTACK_TEST_RUN_KEY"] = "known-run-key"
+    try:
+        proc = _start(out, 3, "broker.backend=redis", f"broker.url={redis_server.url}", "broker.hmac_key_env=ATTACK_TEST_RUN_KEY")
+    finally:
+        del os.environ["ATTACK_TEST_RUN_KEY"]
+    r = redis.Redis.from_url(redis_server.url)
+    done = threading.Event()
+    junked: list[str] = []
+
+    def attacker(ns: str) -> None:
+        seen: dict[str, int] = {}
+        stolen = EnvelopeCodec(Keyring({"llama-char.rollout": derive_key("known-run-key", "llama-char.rollout")}))
+        pill = pb.Rollout(prompt_id="not-a-prompt", step=1, token_ids=[1] * 5000, logprobs=[-1.0] * 5000, reward=1.0)
+        r.xadd(f"{ns}:rollout:llama-char", {b"d": stolen.wrap_encoded(pill, "llama-char")[1]})
+        mallory = EnvelopeCodec(Keyring({"mallory.rollout": derive_key("known-run-key", "mallory.rollout")}))
+        r.xadd(f"{ns}:rollout:llama-char", {b"d": mallory.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "mallory")[1]})
+        peer = EnvelopeCodec(Keyring({"gpt2-bpe.rollout": derive_key("known-run-key", "gpt2-bpe.rollout")}))  # a peer's stolen key
+        r.xadd(f"{ns}:rollout:llama-char", {b"d": peer.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "gpt2-bpe")[1]})
+        while not done.is_set():
+            for stream in (f"{ns}:heartbeat:llama-char.learner", f"{ns}:heartbeat:llama-char.rollout", f"{ns}:weights_published:llama-char"):
+                n = r.xlen(stream)
+                if n and n != seen.get(stream):
+                    r.xadd(stream, {b"d": b"\x00junk after the newest entry"})
+                    junked.append(stream)
+                    seen[stream] = n + 1
+            time.sleep(0.05)
+
+    try:
+        info = _wait(lambda: json.loads((out / "services.json").read_text()) if (out / "services.json").is_file() else proc.poll(), 300, "services.json")
+        assert isinstance(info, dict), proc.communicate()[0][-3000:]
+        t = threading.Thread(target=attacker, args=(info["namespace"],), daemon=True)
+        t.start()
+        output = _finish(proc)
+    finally:
+        done.set()
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert len(junked) >= 6  # junk followed heartbeats and announcements all run long
+    steps = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if s.get("phase") != "warm_start"]
+    assert {(s["policy"], s["step"]) for s in steps} == {(p, k) for p in ("llama-char", "gpt2-bpe") for k in (1, 2, 3)}  # no step lost
+    mine = sorted((s for s in steps if s["policy"] == "llama-char"), key=lambda s: s["step"])
+    assert [s["weights_version"] for s in mine] == [1, 2, 3] and all(s["own_rollouts"] == 16 * 8 for s in mine)  # nothing displaced
+    versions = [json.loads(l)["weights_version"] for l in (out / "services" / "llama-char.rollout.ledger.jsonl").read_text().splitlines()]
+    assert versions == [0, 1, 2]  # the rollout server followed every announcement despite the junk after it
+    reasons = {bytes(f[b"d"]).split(b"\x00", 1)[0].decode() for _, f in r.xrange(f"{info['namespace']}:deadletter")}
+    # junk; mallory, whose key the learner does not hold; the peer's message on another's stream
+    assert {"decode_error", "bad_signature", "wrong_producer"} <= reasons, reasons
+    assert "Traceback" not in (out / "logs" / "llama-char.learner.log").read_text()  # the pill crashed nothing
+    totals = json.loads((out / "services" / "llama-char.learner.done").read_text())["totals"]
+    assert totals.get("own_rejected:unknown_prompt") == 1  # the stolen-key rollout: refused before any tensor

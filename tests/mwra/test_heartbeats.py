@@ -22,8 +22,8 @@ def _setup(redis_server, key: bytes | None = b"k" * 32):
     controller = Controller(InMemoryBackend([Node(f"n{i}", 8) for i in range(4)]))
     exp = controller.submit(parse_config(YAML, "t", check_paths=False), YAML)
     url = redis_server.url
-    services = ExperienceExchange(RedisBroker(RedisOptions(url=url)), exp.id, hmac_key=key)
-    follower = HeartbeatFollower(controller, lambda e: ExperienceExchange(RedisBroker(RedisOptions(url=url)), e.id, hmac_key=key))
+    services = ExperienceExchange(RedisBroker(RedisOptions(url=url)), exp.id, keys=key)
+    follower = HeartbeatFollower(controller, lambda e: ExperienceExchange(RedisBroker(RedisOptions(url=url)), e.id, keys=key))
     return controller, exp, services, follower
 
 
@@ -53,7 +53,7 @@ def test_forged_and_misplaced_heartbeats_are_not_measurements(redis_server):
     # a heartbeat claiming to be the learner's, on the rollout's stream
     services.publish(pb.Heartbeat(role="learner", step=1, stage_seconds={"train": 1e6}), "small.rollout")
     # a service without the key: its signature fails and it is dead-lettered, never read
-    forger = ExperienceExchange(RedisBroker(RedisOptions(url=redis_server.url)), exp.id, hmac_key=b"x" * 32)
+    forger = ExperienceExchange(RedisBroker(RedisOptions(url=redis_server.url)), exp.id, keys=b"x" * 32)
     _beat(forger, "small", "learner", 1, train=1e6)
     # no stages (a service still starting)
     _beat(services, "small", "rollout", 1)

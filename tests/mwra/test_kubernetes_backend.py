@@ -9,6 +9,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from mutualrl.see.identity import derive_key, parse_keys
 from mutualrl.services.mwra.backends.base import RunSpec
 from mutualrl.services.mwra.backends.kubernetes import KubernetesBackend, LeaderElection, discover_gang_backend
 from mutualrl.services.mwra.controller import Controller
@@ -22,9 +23,12 @@ K8S_VERSIONS = ["1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0"]
 DEMANDS = [PolicyDemand("small", 10.0, 0.5), PolicyDemand("big", 40.0, 0.6, rollout_tp=2)]
 
 
+KEYS = {f"{p}.{r}": derive_key("run-key", f"{p}.{r}").decode() for p in ("small", "big") for r in ("rollout", "learner")}
+
+
 def spec(run="exp-1") -> RunSpec:
     return RunSpec(run, "name: x\n", NS, "registry.example/mutualrl:0.1.0-cuda", "team-a", redis_url_secret="rl-redis", weights_claim="weights",
-                   hmac_secret="mutualrl-hmac")
+                   hmac_secret="mutualrl-hmac", see_keys=KEYS)
 
 
 def strip_status(obj: dict) -> dict:
@@ -61,12 +65,44 @@ def test_each_gang_backend_creates_valid_objects(served):
                 versions = ["1.36.0", "1.37.0"] if served == "native" and obj["kind"] == "Pod" else K8S_VERSIONS
                 for v in versions:
                     kubernetes_validate.validate(strip_status(obj), v, strict=True)
-        group_kinds = {o["kind"] for o in created} - {"Pod", "Service", "ConfigMap"}
+        group_kinds = {o["kind"] for o in created} - {"Pod", "Service", "ConfigMap", "Secret"}
         expected = {"kueue": set(), "kai": {"PodGroup"}, "volcano": {"PodGroup"}, "native": {"PodGroup"}, "mwra": set()}
         assert group_kinds == expected[served]
         if served == "kueue":
             assert all(p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" for p in pods)
             assert all(p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] for p in pods)
+
+
+def test_each_pod_holds_its_own_signing_key_and_only_its_sources():
+    """The run's keys live in one Secret owned by the run; a pod's MUTUALRL_SEE_KEYS (expanded as
+    the kubelet expands $(VAR)) holds its own key and its sources' — never the run key."""
+    import re
+
+    with Cluster("kueue") as cluster:
+        for i in range(2):
+            cluster.add_node(f"gpu-{i}", 8)
+        backend = KubernetesBackend(cluster.api(), NS)
+        backend.apply(spec(), make_plan(DEMANDS, backend.nodes()))
+        secret = next(o for o in cluster.objects() if o.get("kind") == "Secret")
+        assert secret["metadata"]["ownerReferences"][0]["kind"] == "ConfigMap"
+        stored = secret.get("stringData") or {}
+        if not stored:  # an API server turns stringData into base64 data
+            import base64
+            stored = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        assert stored == KEYS
+        for p in (o for o in cluster.objects() if o.get("kind") == "Pod"):
+            labels, env = p["metadata"]["labels"], p["spec"]["containers"][0]["env"]
+            policy, role = labels["mutualrl.io/policy"], labels["mutualrl.io/role"]
+            assert "MUTUALRL_HMAC_KEY" not in {e["name"] for e in env}
+            resolved: dict[str, str] = {}
+            for e in env:
+                if "valueFrom" in e and e["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]:
+                    resolved[e["name"]] = stored[e["valueFrom"]["secretKeyRef"]["key"]]
+                elif "value" in e:
+                    resolved[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: resolved.get(m.group(1), m.group(0)), e["value"])
+            keys = parse_keys(resolved["MUTUALRL_SEE_KEYS"])
+            expected = {f"{policy}.rollout", f"{policy}.learner"} if role == "rollout" else {f"{policy}.learner", "small.rollout", "big.rollout"}
+            assert set(keys) == expected and all(keys[s] == KEYS[s].encode() for s in keys)
 
 
 def test_a_deleted_or_failed_pod_is_recreated():
@@ -162,3 +198,17 @@ def test_an_external_engine_runs_as_a_sidecar_holding_the_rollout_gpus():
         assert engine["args"][:6] == ["--model", "/models/big", "--port", "8000", "--tensor-parallel-size", "2"] and "--max-model-len" in engine["args"]
         for v in K8S_VERSIONS:
             kubernetes_validate.validate(strip_status(rollout), v, strict=True)
+
+
+def test_the_controller_derives_a_runs_keys_from_the_run_key_it_holds(monkeypatch):
+    from mutualrl.config import load_config
+    from mutualrl.services.mwra.controller import run_see_keys
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml")
+    cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"hmac_key_env": "MUTUALRL_HMAC_KEY"})})
+    monkeypatch.delenv("MUTUALRL_HMAC_KEY", raising=False)
+    assert run_see_keys(cfg) == {}  # without the key, pods get the run key's Secret and derive their own
+    monkeypatch.setenv("MUTUALRL_HMAC_KEY", "run-key")
+    keys = run_see_keys(cfg)
+    assert set(keys) == {f"{p.name}.{r}" for p in cfg.policies for r in ("rollout", "learner")}
+    assert keys[f"{cfg.policies[0].name}.learner"] == derive_key("run-key", f"{cfg.policies[0].name}.learner").decode()

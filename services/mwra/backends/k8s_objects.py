@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 from mutualrl.runtime.serve_args import serve_argv
+from mutualrl.see.identity import SEE_KEYS_ENV, key_env, services_read
 from mutualrl.services.mwra.backends.base import RunSpec
 from mutualrl.services.mwra.planner import Allocation
 
@@ -62,6 +63,32 @@ def config_map(spec: RunSpec) -> dict:
     }
 
 
+def see_keys_secret(spec: RunSpec, owner: dict) -> dict:
+    """The run's SEE signing keys, one per service; each pod mounts only its own and its
+    sources' (:func:`see_key_env`)."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": dns_name(spec.run, "see-keys"), "namespace": spec.namespace, "ownerReferences": [owner],
+                     "labels": {"app.kubernetes.io/name": "mutualrl", "app.kubernetes.io/managed-by": "mutualrl-mwra", "mutualrl.io/run": spec.run}},
+        "stringData": dict(spec.see_keys),
+    }
+
+
+def see_key_env(spec: RunSpec, policy: str, role: str) -> list[dict]:
+    """A pod's signing keys: its own and those of the services it reads, each from the run's
+    keys Secret, joined into MUTUALRL_SEE_KEYS by the kubelet's $(VAR) expansion; without
+    per-run keys, the run key (the pod derives every key from it)."""
+    if not spec.see_keys:
+        return [{"name": "MUTUALRL_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": spec.hmac_secret, "key": "hmac-key"}}}] if spec.hmac_secret else []
+    policies = sorted({s.rsplit(".", 1)[0] for s in spec.see_keys})
+    env, pairs = [], []
+    for svc in dict.fromkeys([f"{policy}.{role}", *services_read(policy, role, policies)]):
+        var = key_env(svc)
+        env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": dns_name(spec.run, "see-keys"), "key": svc}}})
+        pairs.append(f"{svc}=$({var})")
+    return env + [{"name": SEE_KEYS_ENV, "value": ",".join(pairs)}]
+
+
 def gang_name(spec: RunSpec, policy: str, generation: int) -> str:
     return dns_name(spec.run, policy, f"g{generation}")
 
@@ -92,7 +119,7 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
                  else {"name": "MUTUALRL_REDIS_URL", "value": spec.redis_url or "redis://redis:6379/0"}),
                 {"name": "MUTUALRL_POLICY", "value": alloc.policy},
                 {"name": "MUTUALRL_ROLE", "value": role},
-                *([{"name": "MUTUALRL_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": spec.hmac_secret, "key": "hmac-key"}}}] if spec.hmac_secret else []),
+                *see_key_env(spec, alloc.policy, role),
                 # its own Redis identity: the ACL lets it append only to its own streams
                 *([{"name": "MUTUALRL_REDIS_USERNAME", "value": f"{alloc.policy}.{role}"},
                    {"name": "MUTUALRL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": spec.redis_users_secret, "key": f"{alloc.policy}.{role}"}}}]

@@ -173,6 +173,8 @@ class KubernetesBackend(Backend):
             return self.api.sanitize_for_serialization(self.core.create_namespaced_service(ns, obj))
         if kind == "ConfigMap":
             return self.api.sanitize_for_serialization(self.core.create_namespaced_config_map(ns, obj))
+        if kind == "Secret":
+            return self.api.sanitize_for_serialization(self.core.create_namespaced_secret(ns, obj))
         group, version = obj["apiVersion"].split("/")
         plural = _PLURALS[kind]
         return self.custom.create_namespaced_custom_object(group, version, ns, plural, obj) or obj
@@ -204,7 +206,14 @@ class KubernetesBackend(Backend):
         meta = created.get("metadata", {})
         # a real API server assigns the uid; an emulator may not, and then a stable one stands in
         uid = meta.get("uid") or str(uuid.uuid5(uuid.NAMESPACE_URL, f"mutualrl:{spec.namespace}:{meta.get('name')}"))
-        return ko.owner_reference({"metadata": {"name": meta.get("name", cm["metadata"]["name"]), "uid": uid}})
+        owner = ko.owner_reference({"metadata": {"name": meta.get("name", cm["metadata"]["name"]), "uid": uid}})
+        if spec.see_keys:  # the run's signing keys, deleted with it (owner: the ConfigMap)
+            try:
+                self._create(ko.see_keys_secret(spec, owner))
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        return owner
 
     def record_event(self, spec: RunSpec, reason: str, message: str, kind: str = "Normal") -> None:
         now = _now()

@@ -44,6 +44,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "mutualrl.redisSecret" -}}{{ default (printf "%s-redis" (include "mutualrl.fullname" .)) .Values.redis.external.existingSecret }}{{- end -}}
 {{- define "mutualrl.runNamespace" -}}{{ printf "mutualrl:%s" .Release.Name }}{{- end -}}
 
+{{- define "mutualrl.seeKeysSecret" -}}{{ printf "%s-see-keys" (include "mutualrl.fullname" .) }}{{- end -}}
+
+{{/* A static pod's SEE signing keys (`mutualrl.see.identity`): its own and those of the services
+     it reads — a rollout service its learner's, a learner every rollout service's — each from the
+     keys Secret, joined into MUTUALRL_SEE_KEYS by the kubelet's $(VAR) expansion. Call with
+     (dict "root" $ "policy" "<policy>" "role" "<role>"). */}}
+{{- define "mutualrl.seeKeys" -}}
+{{- $svcs := list (printf "%s.%s" .policy .role) -}}
+{{- if eq .role "rollout" }}{{ $svcs = append $svcs (printf "%s.learner" .policy) }}
+{{- else }}{{ range .root.Values.policies }}{{ $svcs = append $svcs (printf "%s.rollout" .name) }}{{ end }}{{ end -}}
+{{- $pairs := list -}}
+{{- range $svcs | uniq }}
+{{- $var := printf "MUTUALRL_SEE_KEY_%s" (regexReplaceAll "[^A-Za-z0-9]" . "_" | upper) }}
+{{- $pairs = append $pairs (printf "%s=$(%s)" . $var) }}
+- name: {{ $var }}
+  valueFrom:
+    secretKeyRef: {name: {{ include "mutualrl.seeKeysSecret" $.root }}, key: {{ . | quote }}}
+{{- end }}
+- {name: MUTUALRL_SEE_KEYS, value: {{ join "," $pairs | quote }}}
+{{- end -}}
+
 {{- define "mutualrl.redisUsersSecret" -}}{{ printf "%s-redis-users" (include "mutualrl.fullname" .) }}{{- end -}}
 
 {{/* A pod's own Redis identity (bundled Redis: ACL users, `mutualrl see acl`). Call with
@@ -58,10 +79,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* The broker URL every pod reads (bundled Redis, or the external one's Secret). */}}
-{{- define "mutualrl.redisEnv" -}}
+{{- define "mutualrl.redisUrl" -}}
 - name: MUTUALRL_REDIS_URL
   valueFrom:
     secretKeyRef: {name: {{ include "mutualrl.redisSecret" . }}, key: redis-url}
+{{- end -}}
+
+{{/* The broker URL and the run key (the controller: MWRA-created pods derive their keys from it). */}}
+{{- define "mutualrl.redisEnv" -}}
+{{ include "mutualrl.redisUrl" . }}
 - name: MUTUALRL_HMAC_KEY
   valueFrom:
     secretKeyRef: {name: {{ include "mutualrl.hmacSecret" . }}, key: hmac-key}
