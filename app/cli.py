@@ -167,6 +167,7 @@ def compare(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: runs/compare-<name>)."),
     quick: bool = typer.Option(False, "--quick", help="The spec's quick profile (fewer seeds and steps)."),
     report_only: bool = typer.Option(False, "--report-only", help="Write the report from the finished runs only."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Runs trained at once, each in its own process with its share of the cores."),
 ) -> None:
     """Run entries x pairs x seeds (resumable: finished runs are skipped), then write report.md,
     results.json and plots with 95 % confidence intervals and paired differences."""
@@ -190,7 +191,7 @@ def compare(
                 bar.update(task, completed=i, description=label)
 
             try:
-                run_all(spec, target, run_embedded, progress)
+                run_all(spec, target, run_embedded, progress, jobs=jobs)
             except ConfigError as e:
                 raise _fail(str(e))
     write_report(spec, target)

@@ -85,23 +85,59 @@ def run_dir(out: Path, entry: str, pair: str, seed: int) -> Path:
     return out / "runs" / entry / pair / f"seed{seed}"
 
 
-def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[int, int, str], None] = lambda i, n, s: None) -> list[Path]:
-    """Every (entry, pair, seed) not finished yet; ``runner(cfg, dir)`` trains one (run_embedded)."""
-    done = []
+def _train_one(runner: Callable, pair_file: Path, sets: list[str], d: Path, threads: int | None) -> None:
+    """One run, in a worker process of a parallel compare: the config is loaded there and torch
+    gets its share of the cores (threads spinning on oversubscribed cores cost more than they give)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    runner(load_config(pair_file, sets), d)
+
+
+def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[int, int, str], None] = lambda i, n, s: None,
+            jobs: int = 1) -> list[Path]:
+    """Every (entry, pair, seed) not finished yet; ``runner(cfg, dir)`` trains one (run_embedded).
+    ``jobs`` > 1 trains that many at once in worker processes, each with ``cores // jobs`` torch
+    threads (``runner`` must then be a module-level function)."""
     todo = spec.runs()
+    pending: list[tuple[str, str, list[str], Path]] = []  # (label, pair, overrides, run dir)
+    done: list[Path] = []
     for i, (entry, pair, seed) in enumerate(todo):
         d = run_dir(out, entry, pair, seed)
         label = f"{entry} / {pair} / seed {seed}"
         if (d / "summary.json").is_file():
-            progress(i + 1, len(todo), label + " (done before)")
+            progress(len(done) + 1, len(todo), label + " (done before)")
             done.append(d)
             continue
         sets = [*spec.entries[entry], f"seed={seed}", *([f"budget.steps={spec.steps}"] if spec.steps else [])]
-        cfg = load_config(spec.pairs[pair], sets)
-        progress(i, len(todo), label)
-        runner(cfg, d)
-        done.append(d)
-        progress(i + 1, len(todo), label)
+        load_config(spec.pairs[pair], sets)  # every config is checked before the first run starts
+        pending.append((label, pair, sets, d))
+    if jobs <= 1:
+        for label, pair, sets, d in pending:
+            progress(len(done), len(todo), label)
+            runner(load_config(spec.pairs[pair], sets), d)
+            done.append(d)
+            progress(len(done), len(todo), label)
+        return done
+    import multiprocessing
+    import os
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_train_one, runner, spec.pairs[pair], sets, d, threads): (label, d) for label, pair, sets, d in pending}
+        remaining = set(futures)
+        while remaining:
+            finished, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
+            for f in finished:
+                label, d = futures[f]
+                if f.exception() is not None:
+                    for other in remaining:
+                        other.cancel()
+                    raise f.exception()
+                done.append(d)
+                progress(len(done), len(todo), label)
     return done
 
 

@@ -105,3 +105,36 @@ def test_the_evidence_suite_is_valid():
             cfg = load_config(path, sets)
             assert len({p.model.family for p in cfg.policies}) == 2, pair
             assert cfg.task.min_digits == 3 and cfg.base_seed is not None
+
+
+def _fake_worker_run(cfg, d: Path) -> None:
+    """A module-level runner (worker processes pickle it): what `mutualrl run` writes, gain 5 points."""
+    d.mkdir(parents=True, exist_ok=True)
+    recs = [{"step": s, "policy": p.name, "rollouts": 128 * s, "eval_accuracy": 0.2 + 0.025 * s} for p in cfg.policies for s in (0, 2)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / "summary.json").write_text(json.dumps({"policies": {p.name: {"warm_start_accuracy": 0.2, "final_accuracy": 0.25, "rollouts": 256}
+                                                             for p in cfg.policies}}))
+
+
+def test_parallel_jobs_train_every_unfinished_run_once(tmp_path):
+    spec = CompareSpec.load(_spec(tmp_path))
+    first = run_dir_of(spec, tmp_path / "out")[0]
+    _fake_worker_run(load_first(spec), first)  # one run finished before: skipped
+    seen: list = []
+    done = run_all(spec, tmp_path / "out", _fake_worker_run, lambda i, n, s: seen.append((i, s)), jobs=2)
+    assert sorted(map(str, done)) == sorted(map(str, run_dir_of(spec, tmp_path / "out")))
+    assert seen[-1][0] == 6 and sum("done before" in s for _, s in seen) == 1
+    assert write_report(spec, tmp_path / "out")["pairs"]["demo"]["sgt"]["llama-char"]["gain"]["mean"] == pytest.approx(0.05)
+
+
+def run_dir_of(spec, out: Path) -> list[Path]:
+    from mutualrl.app.compare import run_dir
+
+    return [run_dir(out, e, p, s) for e, p, s in spec.runs()]
+
+
+def load_first(spec):
+    from mutualrl.config import load_config
+
+    e, p, s = spec.runs()[0]
+    return load_config(spec.pairs[p], [*spec.entries[e], f"seed={s}"])
