@@ -19,6 +19,8 @@ from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import OptimConfig
 from mutualrl.grpo import CapabilityTracker, RescueItem, get_sharing_mode, select_rescues, sgt_nll
 from mutualrl.models.generation import sequence_logprobs
+from mutualrl.models.sharding import full_state_dict, local_value
+from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, StepObjective, right_aligned
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
@@ -92,6 +94,7 @@ class Learner:
     ):
         self.policy = policy
         self.model = model.to(settings.device)
+        self.sharded = any(hasattr(p, "full_tensor") for p in self.model.parameters())  # FSDP2 (mutualrl.models.sharding)
         self._limit = self._context_limit()  # what own rollouts must fit (checked before any tensor is built)
         self._vocab = self.model.get_input_embeddings().num_embeddings
         self.tok = tokenizer
@@ -417,7 +420,7 @@ class Learner:
                 raise FloatingPointError(f"{self.policy}: non-finite loss at step {step} (mini-batch {m})")
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
-            gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
+            gn = local_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
             if gn > 0.0:
                 self.opt.step()
             else:
@@ -436,8 +439,10 @@ class Learner:
             self.commit()
         self.version += 1
         t_sync = time.monotonic()
-        uri, checksum = self.store.put(self.policy, self.version, self.model.state_dict(), model_config=self.model.config if self.store.root else None)
-        self.ex.publish(pb.WeightsPublished(policy=self.policy, version=self.version, uri=uri, step=step, checksum=checksum), self.policy, self.version)
+        weights = full_state_dict(self.model) if self.sharded else self.model.state_dict()  # sharded: every rank gathers
+        if shard_rank() == 0:  # one rank of a sharded learner publishes
+            uri, checksum = self.store.put(self.policy, self.version, weights, model_config=self.model.config if self.store.root else None)
+            self.ex.publish(pb.WeightsPublished(policy=self.policy, version=self.version, uri=uri, step=step, checksum=checksum), self.policy, self.version)
         stages["weight_sync"] = time.monotonic() - t_sync
 
         for k, v in intake.rejected.items():
