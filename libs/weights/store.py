@@ -9,7 +9,6 @@ consumer acknowledges a newer one.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import threading
@@ -18,13 +17,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from mutualrl.weights.transport import tensor_checksum
+
 
 def _checksum(state: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    return tensor_checksum(state)
 
 
 def verify_checksum(uri: str, checksum: str) -> None:
@@ -37,12 +34,15 @@ def verify_checksum(uri: str, checksum: str) -> None:
 
 
 class WeightStore:
-    """Versioned, checksummed weight checkpoints that learners publish and rollout engines load."""
+    """The ``filesystem`` weight transport: versioned, checksummed checkpoints that learners
+    publish and rollout engines load. A version's integrity is checked on its first read with a
+    checksum; later reads of the same version and file skip the hash (at 7B it is ~15 GB)."""
     def __init__(self, root: str | Path | None = None, keep: int = 2):
         self.root = Path(root) if root else None
         self.keep = keep
         self._mem: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
+        self._verified: dict[str, tuple[str, object]] = {}  # uri -> (checksum, what was verified: file stat or state id)
 
     def put(self, policy: str, version: int, state: dict[str, torch.Tensor], model_config=None) -> tuple[str, str]:
         """Store a version; returns ``(uri, checksum)``. With ``model_config`` (a transformers
@@ -80,9 +80,22 @@ class WeightStore:
             if not path.is_file():
                 raise FileNotFoundError(f"no weights at {uri}")
             state = load_file(str(path))
-        if checksum and _checksum(state) != checksum:
-            raise ValueError(f"checksum mismatch for {uri}")
+        if checksum:
+            ident = self._identity(uri, state)
+            if self._verified.get(uri) != (checksum, ident):
+                if _checksum(state) != checksum:
+                    raise ValueError(f"checksum mismatch for {uri}")
+                self._verified[uri] = (checksum, ident)
         return state
+
+    @staticmethod
+    def _identity(uri: str, state: dict[str, torch.Tensor]) -> object:
+        """What a verified version is remembered by: the file's inode, size and mtime (a rewritten
+        file is hashed again), or the in-memory state's identity."""
+        if uri.startswith("inproc://"):
+            return id(state)
+        st = (Path(uri) / "model.safetensors").stat()
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def acknowledge(self, policy: str, version: int) -> None:
         """A consumer serves ``version``: versions older than the last ``keep`` may go."""

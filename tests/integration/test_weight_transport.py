@@ -1,0 +1,137 @@
+"""The weight-transport contract, run against every transport: ``filesystem`` (WeightStore, a
+directory of safetensors checkpoints) and ``collective`` (broadcast over a real gloo process
+group on loopback — the NCCL protocol's CPU twin) — exact round trips of every dtype, versions
+that only move forward, checksums that catch a wrong announcement, and an HF engine that
+serves exactly the learner's weights after an update."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from mutualrl.models import load_policy
+from mutualrl.models.families import ModelShape
+from mutualrl.see.server import free_port
+from mutualrl.services.rollout import HFEngine, SamplingSpec
+from mutualrl.weights import CollectiveTransport, WeightStore, weight_group
+from mutualrl.weights import store as store_module
+
+KINDS = ["filesystem", "collective"]
+
+
+@pytest.fixture
+def pair(request, tmp_path):
+    """(kind, sender, receiver): the learner's end and the engine's end of one transport."""
+    if request.param == "filesystem":
+        s = WeightStore(tmp_path / "weights")
+        yield request.param, s, s
+        return
+    port = free_port()
+    groups: dict[int, object] = {}
+    ths = [threading.Thread(target=lambda r=r: groups.__setitem__(r, weight_group("127.0.0.1", port, r, 2, timeout_s=60))) for r in (0, 1)]
+    [t.start() for t in ths]
+    [t.join() for t in ths]
+    yield request.param, CollectiveTransport(groups[0], 0), CollectiveTransport(groups[1], 1)
+
+
+def transfer(kind, sender, policy, version, state, receive):
+    """put on the learner's side and ``receive(uri, checksum)`` on the engine's; a collective
+    transfer runs both at once (the receiver learns the URI from the announcement, not the put)."""
+    if kind == "filesystem":
+        uri, checksum = sender.put(policy, version, state)
+        return uri, checksum, receive(uri, checksum)
+    out: dict = {}
+    th = threading.Thread(target=lambda: out.update(ret=sender.put(policy, version, state)))
+    th.start()
+    try:
+        got = receive(f"collective://{policy}/{version}", None)
+    finally:
+        th.join(timeout=60)
+    uri, checksum = out["ret"]
+    return uri, checksum, got
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(16, 8, generator=g), "b16": torch.randn(4, 4, generator=g).to(torch.bfloat16),
+            "h16": torch.randn(3, generator=g).half(), "steps": torch.tensor([seed], dtype=torch.int64), "flag": torch.tensor([True])}
+
+
+@pytest.mark.parametrize("pair", KINDS, indirect=True)
+def test_versions_round_trip_exactly(pair):
+    kind, sender, receiver = pair
+    for version in (1, 2):
+        state = _state(version)
+        uri, checksum, got = transfer(kind, sender, "p", version, state, lambda u, c: receiver.get(u, c))
+        assert set(got) == set(state) and len(checksum) == 64
+        for k, v in state.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+        if kind == "filesystem":  # a file stays readable after the first read
+            assert torch.equal(receiver.get(uri, checksum)["w"], state["w"])
+
+
+@pytest.mark.parametrize("pair", KINDS, indirect=True)
+def test_a_wrong_announced_checksum_is_refused(pair):
+    kind, sender, receiver = pair
+    with pytest.raises(ValueError, match="checksum"):
+        transfer(kind, sender, "p", 1, _state(1), lambda u, c: receiver.get(u, "0" * 64))
+
+
+def test_a_collective_version_must_move_forward():
+    port = free_port()
+    groups: dict[int, object] = {}
+    ths = [threading.Thread(target=lambda r=r: groups.__setitem__(r, weight_group("127.0.0.1", port, r, 2, timeout_s=60))) for r in (0, 1)]
+    [t.start() for t in ths]
+    [t.join() for t in ths]
+    sender, receiver = CollectiveTransport(groups[0], 0), CollectiveTransport(groups[1], 1)
+    transfer("collective", sender, "p", 2, _state(2), lambda u, c: receiver.get(u, c))
+    with pytest.raises(ValueError, match="not newer"):
+        transfer("collective", sender, "p", 1, _state(1), lambda u, c: receiver.get(u, c))
+    with pytest.raises(ValueError, match="sent p v3"):  # announced v4, the learner sent v3: refused, nothing hangs
+        out: dict = {}
+        th = threading.Thread(target=lambda: out.update(ret=sender.put("p", 3, _state(3))))
+        th.start()
+        try:
+            receiver.get("collective://p/4", None)
+        finally:
+            th.join(timeout=60)
+
+
+def test_the_filesystem_checks_a_version_once_not_on_every_read(tmp_path, monkeypatch):
+    s = WeightStore(tmp_path)
+    uri, checksum = s.put("p", 1, _state(1))
+    calls = []
+    real = store_module._checksum
+    monkeypatch.setattr(store_module, "_checksum", lambda st: calls.append(1) or real(st))
+    for _ in range(3):
+        s.get(uri, checksum)
+    assert len(calls) == 1
+    s.put("p", 2, _state(2))
+    s.acknowledge("p", 3)  # keep 2: v1 goes
+    with pytest.raises(FileNotFoundError):
+        s.get(uri, checksum)
+
+
+@pytest.mark.parametrize("pair", KINDS, indirect=True)
+def test_an_hf_engine_serves_exactly_the_learners_weights(pair, arithmetic_task):
+    kind, sender, receiver = pair
+    shape = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=64)
+
+    def policy(seed):
+        return load_policy(family="llama", shape=shape, tokenizer_kind="char", corpus=arithmetic_task.corpus,
+                           corpus_fingerprint=arithmetic_task.fingerprint(), seed=seed)
+
+    learner, served = policy(1), policy(2)
+    tok = served.tokenizer
+    engine = HFEngine(served.model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, store=receiver)
+    reference = HFEngine(learner.model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, store=WeightStore())
+    prompts = [tok.encode(p.prompt) for p in arithmetic_task.train[:4]]
+    greedy = SamplingSpec(n=1, max_new_tokens=5, temperature=0.0)
+    transfer(kind, sender, "p", 1, learner.model.state_dict(), lambda u, c: engine.update_weights(1, u, c))
+    assert engine.info().weights_version == 1
+    after = {k: v for k, v in engine.model.state_dict().items()}
+    for k, v in learner.model.state_dict().items():
+        assert torch.equal(after[k], v), k
+    assert [[s.token_ids for s in g] for g in engine.generate(prompts, greedy)] == [[s.token_ids for s in g] for g in reference.generate(prompts, greedy)]
