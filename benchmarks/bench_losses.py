@@ -2,7 +2,7 @@
 
 64 groups × 8 completions × 256 tokens: the step's advantages (once) and the
 mode's loss over the rows, then ``backward``, through the learner's own
-composition (``StepObjective``) — i.e. exactly what a training step adds on top
+composition (the mode's strategy, ``mutualrl.services.learner.strategies``) — i.e. exactly what a training step adds on top
 of the model's forward/backward. Log-probs are a leaf tensor so the model's
 cost does not drown the differences. Modes with peer rows keep 512 rows in
 total (per prompt: 4 own + 4 peer), so every mode processes the same tensor
@@ -21,8 +21,9 @@ import time
 import torch
 
 from mutualrl.config.schema import AlgorithmConfig, SharingConfig
-from mutualrl.grpo import CapabilityTracker, sgt_nll
-from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, StepObjective, right_aligned
+from mutualrl.grpo import sgt_nll
+from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, right_aligned
+from mutualrl.services.learner.strategies import make_strategy
 from mutualrl.services.learner.peer_experience import PeerStats
 
 GROUPS, G, T = 64, 8, 256
@@ -72,17 +73,15 @@ FIELDS = ("prompt_ids", "completion_ids", "old_logp", "mask", "reward", "prompt_
 def time_case(alg: dict, sharing: dict, repeats: int) -> float:
     gen = torch.Generator().manual_seed(0)
     a, sh = AlgorithmConfig(**alg), SharingConfig(**sharing)
-    tracker = None
-    if sh.mode == "hacpo":
-        tracker = CapabilityTracker()
-        tracker.update({"me": [1, 0, 0, 0], "peer": [1, 1, 0, 0]})
     rows, rescue = build_rows(sh.mode in ("naive", "prp", "hacpo"), gen)
     nll = sh.mode == "sgt" and sh.sgt.variant == "nll"
     if sh.mode == "sgt" and not nll:  # group insert: the rescues are training rows
         for k in range(len(rescue)):
             rows.add(**{f: getattr(rescue, f)[k] for f in FIELDS})
     stats = {f"p{g}": [PeerStats("peer", 8, 0.5, 0.53, 0.5)] for g in range(GROUPS)} if sh.mode == "xgrpo" else {}
-    obj = StepObjective("me", a, sh, T, tracker)
+    obj = make_strategy("me", a, sh, T)
+    if obj.tracker is not None:
+        obj.tracker.update({"me": [1, 0, 0, 0], "peer": [1, 1, 0, 0]})
     old, mask = right_aligned(rows.old_logp, T), right_aligned(rows.mask, T)
     kind, src = torch.tensor(rows.kind), torch.tensor(rows.source_mean_logp)
     base = old + torch.randn(old.shape, generator=gen) * 0.01 * mask

@@ -17,12 +17,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import OptimConfig
-from mutualrl.grpo import CapabilityTracker, RescueItem, get_sharing_mode, select_rescues, sgt_nll
+from mutualrl.grpo import get_sharing_mode
 from mutualrl.models.generation import sequence_logprobs
 from mutualrl.models.sharding import full_state_dict, local_value
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.see import ExperienceExchange, Received
-from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, StepObjective, right_aligned
+from mutualrl.services.learner.objective import OWN, PEER, Rows, right_aligned
+from mutualrl.services.learner.strategies import make_strategy
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
 from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
 from mutualrl.weights import WeightStore
@@ -40,42 +41,6 @@ class LearnerSettings:
     max_new_tokens: int = 8
     device: str = "cpu"
     peer_deadline_s: float = 30.0  # how long to wait for own experience before training on what arrived
-
-
-def _minibatches(n: int, size: int | None) -> list[slice]:
-    """Consecutive slices in row order (no shuffle: HACPO's self-first schedule depends on it)."""
-    if not size or size >= n:
-        return [slice(0, n)]
-    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
-
-
-def hacpo_minibatches(kinds: list[int], sources: list[str], self_parts: int, cross_parts: int) -> list[slice]:
-    """HACPO as its authors run it: own rows in ``self_parts`` near-equal mini-batches, then each
-    source's rows (consecutive) in ``cross_parts`` — never two sources, never own and peer rows,
-    in one mini-batch. The stepwise clipping bound grows with the mini-batch index."""
-    n_own = 0
-    while n_own < len(kinds) and kinds[n_own] == OWN:
-        n_own += 1
-    if any(k == OWN for k in kinds[n_own:]):
-        raise ValueError("HACPO needs own rows before peer rows")
-    out = _split(0, n_own, self_parts)
-    i = n_own
-    while i < len(kinds):
-        j = i
-        while j < len(kinds) and sources[j] == sources[i]:
-            j += 1
-        out += _split(i, j, cross_parts)
-        i = j
-    return out
-
-
-def _split(start: int, stop: int, parts: int) -> list[slice]:
-    n = stop - start
-    if n <= 0:
-        return []
-    parts = min(parts, n)
-    bounds = [start + (n * k) // parts for k in range(parts + 1)]
-    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 class Learner:
@@ -108,14 +73,11 @@ class Learner:
         self.weights_bytes = int(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.optim.lr, weight_decay=settings.optim.weight_decay)
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
-        self.mode = get_sharing_mode(settings.sharing.mode)
+        self.mode = get_sharing_mode(settings.sharing.mode)  # data: what to read from peers
         kinds = list(self.mode.peer_kinds)
         self.peer_sub = exchange.subscribe(policy, kinds, peers, consumer=f"{policy}-learner") if kinds and peers else None
-        sh = settings.sharing
-        needs_tracker = sh.mode == "hacpo" or (sh.mode == "xgrpo" and sh.xgrpo.variant == "calibrated")
-        c = sh.capability
-        self.tracker = CapabilityTracker(c.window, c.metric, c.minimum, c.ratio_min, c.ratio_max, c.warmup_steps) if needs_tracker else None
-        self.objective = StepObjective(policy, settings.algorithm, sh, settings.max_new_tokens, self.tracker)
+        self.strategy = make_strategy(policy, settings.algorithm, settings.sharing, settings.max_new_tokens)  # code: how to use it
+        self.tracker = self.strategy.tracker
         self._buffer: list[Received] = []  # own rollouts for future steps
         self._peer_buffer: list[Received] = []
         self._to_ack: list[tuple[object, list[Received]]] = []  # (subscription, messages) awaiting commit()
@@ -301,16 +263,12 @@ class Learner:
             intake.rejected["quarantined"] += dropped
 
     def _add_peer_rows(self, rows: Rows, intake: IntakeResult, metrics: dict) -> None:
-        """Peer rows after own rows. HACPO needs each peer's complete group per prompt (§2.3 [CODE]):
-        a group missing rows (e.g. one rejected by THL) is dropped whole and counted."""
-        peer_rows = sorted(intake.rows, key=lambda r: (r.prompt_id, r.source_policy, r.sample_index))
-        if self.s.sharing.mode == "hacpo":
-            peer_rows.sort(key=lambda r: (r.source_policy, r.prompt_id, r.sample_index))  # one source per mini-batch
-            sizes = Counter((r.prompt_id, r.source_policy) for r in peer_rows)
-            complete = [r for r in peer_rows if sizes[(r.prompt_id, r.source_policy)] == r.group_size]
-            metrics["incomplete_peer_rows"] = len(peer_rows) - len(complete)
-            self.totals["incomplete_peer_rows"] += len(peer_rows) - len(complete)
-            peer_rows = complete
+        """Peer rows after own rows, as the strategy orders and filters them (HACPO drops
+        incomplete groups, counted)."""
+        peer_rows, dropped = self.strategy.peer_rows(intake.rows)
+        if dropped:
+            metrics["incomplete_peer_rows"] = dropped
+            self.totals["incomplete_peer_rows"] += dropped
         for r in peer_rows:
             rows.add(
                 prompt_ids=r.prompt_ids, completion_ids=r.completion_ids, old_logp=r.logprobs, mask=r.mask,
@@ -329,7 +287,7 @@ class Learner:
         if not own:
             return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
         own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))
-        a, sh = self.s.algorithm, self.s.sharing
+        a = self.s.algorithm
         metrics: dict = {}
 
         rows = self._own_rows(own)
@@ -357,21 +315,11 @@ class Learner:
                     values.setdefault(st.producer, []).extend([1.0] * round(st.success_rate * st.count) + [0.0] * (st.count - round(st.success_rate * st.count)))
             self.tracker.update(values)
 
-        rescues: list[RescueItem] = []
-        if sh.mode == "sgt":
-            g = sh.sgt
-            rescues = select_rescues(intake.rescues, own_successes, self.s.group_size, g.gate_tau, g.max_per_prompt)
-            if g.variant == "group_insert":
-                for x in rescues:
-                    rows.add(
-                        prompt_ids=x.prompt_ids, completion_ids=x.completion_ids, old_logp=[0.0] * len(x.completion_ids),
-                        mask=[1.0] * len(x.completion_ids), reward=1.0, prompt_id=x.prompt_id, source=x.source_policy,
-                        kind=RESCUE, source_mean_logp=0.0,
-                    )
-        gate_open = sum(1 for n in own_successes.values() if n <= sh.sgt.gate_tau * self.s.group_size)
+        rescues = self.strategy.rescues(rows, intake, own_successes, self.s.group_size)
+        gate_open = self.strategy.gate_open(own_successes, self.s.group_size)
 
         # ---- advantages once per step, then one update per mini-batch ----
-        step_adv = self.objective.advantages(rows, intake.stats)
+        step_adv = self.strategy.advantages(rows, intake.stats)
         metrics.update(step_adv.metrics)
         kind_all = torch.tensor(rows.kind)
         src_mean_all = torch.tensor(rows.source_mean_logp)
@@ -381,11 +329,7 @@ class Learner:
         per_mb: list[dict] = []
         losses: list[float] = []
         grad_norms: list[float] = []
-        h = self.s.sharing.hacpo
-        if self.s.sharing.mode == "hacpo" and h.schedule == "paper":
-            chunks = hacpo_minibatches(rows.kind, rows.source, h.self_minibatches, h.cross_minibatches)
-        else:
-            chunks = _minibatches(len(rows), a.minibatch_rows)
+        chunks = self.strategy.minibatches(rows, a.minibatch_rows)
         empty_updates = 0
         for m, sl in enumerate(chunks):
             prompts, completions = rows.prompt_ids[sl], rows.completion_ids[sl]
@@ -398,7 +342,7 @@ class Learner:
                 with torch.no_grad():
                     ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=pad)
                 stages["logprob"] += time.monotonic() - t_ref
-            out = self.objective.loss(
+            out = self.strategy.loss(
                 logp=logp,
                 old_logp=right_aligned(rows.old_logp[sl], T).to(dev),
                 mask=right_aligned(rows.mask[sl], T).to(dev),
@@ -411,11 +355,10 @@ class Learner:
             )
             loss = out.loss
             mb_metrics = dict(out.metrics)
-            if m == 0 and rescues and sh.mode == "sgt" and sh.sgt.variant == "nll":
-                r_logp, r_mask = sequence_logprobs(self.model, [x.prompt_ids for x in rescues], [x.completion_ids for x in rescues], pad_id=pad)
-                nll = sgt_nll(r_logp, r_mask)
-                loss = loss + sh.sgt.weight * nll
-                metrics["sgt_nll"] = float(nll.detach())
+            extra, extra_metrics = self.strategy.rescue_loss(self.model, rescues, m, pad)
+            if extra is not None:
+                loss = loss + extra
+                metrics.update(extra_metrics)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{self.policy}: non-finite loss at step {step} (mini-batch {m})")
             self.opt.zero_grad(set_to_none=True)
@@ -448,7 +391,7 @@ class Learner:
         for k, v in intake.rejected.items():
             self.totals[f"rejected_{k}"] += v
         peer_used = rows.count(PEER)
-        shared_in = peer_used + len(rescues) + (sum(len(v) for v in intake.stats.values()) if sh.mode == "xgrpo" else 0)
+        shared_in = self.strategy.shared_in(peer_used, rescues, intake.stats)
         self.totals["rescues"] += len(rescues)
         self.totals["shared_in"] += shared_in
         for mb in per_mb:  # mean over mini-batches of each diagnostic

@@ -48,7 +48,7 @@ def test_capability_floor_applies_to_each_batch():
 
 
 def test_hacpo_paper_schedule_never_mixes_sources_or_own_and_peer_rows():
-    from mutualrl.services.learner.learner import hacpo_minibatches
+    from mutualrl.services.learner.strategies import hacpo_minibatches
     from mutualrl.services.learner.objective import OWN, PEER
 
     kinds = [OWN] * 128 + [PEER] * 96 + [PEER] * 64
