@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_config_short_run(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "mutualrl.app.cli", "run", str(ROOT / "examples" / "demo.yaml"),
-           "--set", "budget.steps=4", "--set", "eval.every=2", "--set", "eval.size=64", "--out", str(out)]
+           "--set", "budget.steps=4", "--set", "budget.prompts_per_step=16", "--set", "eval.every=2", "--set", "eval.size=64", "--out", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
 

@@ -16,7 +16,7 @@ import redis
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ["budget.steps={steps}", "eval.every=100", "eval.size=32", "sharing.mode=sgt", "launcher.peer_deadline_s=10"]
+BASE = ["budget.steps={steps}", "budget.prompts_per_step=16", "eval.every=100", "eval.size=32", "sharing.mode=sgt", "launcher.peer_deadline_s=10"]
 
 
 def _start(out: Path, steps: int, *extra: str) -> subprocess.Popen:
