@@ -325,6 +325,10 @@ class Learner:
         src_mean_all = torch.tensor(rows.source_mean_logp)
         pad = self.tok.pad_token_id
         self.model.train()
+        o = self.s.optim
+        lr = o.lr * min(1.0, step / o.warmup_steps) if o.warmup_steps else o.lr  # from the step: a resumed learner agrees
+        for group in self.opt.param_groups:
+            group["lr"] = lr
         t_train = time.monotonic()
         per_mb: list[dict] = []
         losses: list[float] = []

@@ -35,7 +35,7 @@ def _policy(name, family, kind, task, seed):
     return load_policy(family=family, shape=SHAPE, tokenizer_kind=kind, corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=seed)
 
 
-def _setup(task, mode="sgt", lr=1e-2):
+def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0):
     ex = ExperienceExchange(InProcessBroker(), "mutualrl:it")
     store = WeightStore()
     reg = TokenizerRegistry()
@@ -49,7 +49,7 @@ def _setup(task, mode="sgt", lr=1e-2):
         eng = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store)
         worker = RolloutWorker(name, eng, arts.tokenizer, verifier, ex, fingerprint=arts.fingerprint, sampling=SamplingSpec(n=8, max_new_tokens=4))
         intake = PeerIntake(arts.tokenizer, verifier, reg, ThlBudget())
-        settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=sharing, optim=OptimConfig(lr=lr), peer_deadline_s=2.0)
+        settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=sharing, optim=OptimConfig(lr=lr, warmup_steps=warmup_steps), peer_deadline_s=2.0)
         learner = Learner(name, arts.model, arts.tokenizer, ex, intake, store, settings, peers=[n for n in pols if n != name])
         out[name] = (arts, eng, worker, learner)
     return ex, store, out
@@ -224,3 +224,13 @@ def test_no_optimiser_step_without_gradient_signal(arithmetic_task):
     rec = learner.train_step(2, problems)
     assert all(torch.equal(before[k], v) for k, v in arts.model.state_dict().items())
     assert rec["empty_updates"] == rec["updates"] >= 1
+
+
+def test_learning_rate_warms_up_linearly_from_the_step(arithmetic_task):
+    ex, store, pols = _setup(arithmetic_task, mode="none", lr=4e-3, warmup_steps=4)
+    arts, eng, worker, learner = pols["a"]
+    for step in (1, 2):
+        problems = arithmetic_task.train[8 * step: 8 * step + 8]
+        worker.run_step(step, problems)
+        learner.train_step(step, problems)
+        assert learner.opt.param_groups[0]["lr"] == pytest.approx(4e-3 * step / 4)
