@@ -31,12 +31,10 @@ from mutualrl.runtime.stage_metrics import StageMetrics
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
-from mutualrl.models.policy import tokenizer_fingerprint
-from mutualrl.runtime.policy_setup import evaluate, peer_tokenizer, prepare_policy
-from mutualrl.services.learner.setup import make_learner
+from mutualrl.runtime.policy_setup import evaluate
+from mutualrl.services.learner.setup import service_learner
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
-from mutualrl.services.learner.peer_experience import TokenizerRegistry
 from mutualrl.weights import WeightStore
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -95,15 +93,8 @@ def run_learner_service(args: ServiceArgs) -> int:
     log = service_logger(f"{args.policy}.learner")
     ctx = ServiceContext(args)
     cfg, p = ctx.cfg, ctx.policy_cfg
-    pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s))
-    tokenizers = TokenizerRegistry()  # of the peers only their tokenizers: THL carries their text
-    tokenizers.register(pp.arts.fingerprint, pp.arts.tokenizer)
-    for i in range(len(cfg.policies)):
-        if i != ctx.index:
-            tok = peer_tokenizer(cfg, i, ctx.task, ctx.cache)
-            tokenizers.register(tokenizer_fingerprint(tok), tok)
     store = WeightStore(args.weights_dir)
-    learner = make_learner(cfg, pp, ctx.exchange, store, tokenizers, ctx.verifier, peer_deadline_s=cfg.launcher.rollout_deadline_s)
+    pp, learner = service_learner(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, ctx.exchange, store, lambda s: log.info(s))
     peers = [q.name for q in cfg.policies if q.name != p.name]
 
     state_path = ctx.state_dir / f"{p.name}.learner.state.pt"

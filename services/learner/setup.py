@@ -6,7 +6,8 @@ import copy
 
 from mutualrl.config import ExperimentConfig
 from mutualrl.config.schema import OptimConfig
-from mutualrl.runtime.policy_setup import PreparedPolicy
+from mutualrl.models.policy import tokenizer_fingerprint
+from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.learner.learner import Learner, LearnerSettings
 from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
@@ -46,3 +47,18 @@ def make_learner(
         max_new_tokens=cfg.budget.max_new_tokens, device=p.engine.device, peer_deadline_s=peer_deadline_s,
     )
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers, ref_model=ref)
+
+
+def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier, cache, exchange: ExperienceExchange, store: WeightStore,
+                    phase=lambda s: None) -> tuple[PreparedPolicy, Learner]:
+    """A learner service's learner: its own policy (loaded, warm-started from the cache) and of each
+    peer only its tokenizer — THL carries their text — so its memory does not grow with the number
+    or size of its peers (benchmarks/bench_learner_memory.py)."""
+    pp = prepare_policy(cfg, index, task, verifier, cache, phase)
+    tokenizers = TokenizerRegistry()
+    tokenizers.register(pp.arts.fingerprint, pp.arts.tokenizer)
+    for i in range(len(cfg.policies)):
+        if i != index:
+            tok = peer_tokenizer(cfg, i, task, cache)
+            tokenizers.register(tokenizer_fingerprint(tok), tok)
+    return pp, make_learner(cfg, pp, exchange, store, tokenizers, verifier, peer_deadline_s=cfg.launcher.rollout_deadline_s)
