@@ -101,10 +101,44 @@ def time_case(alg: dict, sharing: dict, repeats: int) -> float:
     return statistics.median(times[2:])
 
 
+def _busy(stop) -> None:
+    """Another training process on the same cores (a peer's learner): matmuls until told to stop."""
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+    while not stop.is_set():
+        a = torch.tanh(a @ a)
+
+
+def contended(repeats: int) -> None:
+    """GRPO's loss + backward while another process trains on the same 2 cores: with torch's
+    default threads (one per core, spinning when oversubscribed) against threads sized to this
+    process's share of the cores, as `mutualrl up` sizes them (MUTUALRL_TORCH_THREADS)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    other = ctx.Process(target=_busy, args=(stop,))
+    other.start()
+    try:
+        time.sleep(2.0)
+        out = {}
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            out[threads] = time_case(*CASES["grpo"], repeats)
+    finally:
+        stop.set()
+        other.join()
+    print(f"with another training process on the cores: {out[2] * 1e3:.1f} ms at 2 threads (one per core), "
+          f"{out[1] * 1e3:.1f} ms at 1 thread (its share): {out[2] / out[1]:.1f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--contended", action="store_true", help="Also time GRPO beside another training process, threads per core vs per share.")
     args = ap.parse_args()
+    if args.contended:
+        contended(args.repeats)
     torch.set_num_threads(2)
     base = time_case(*CASES["grpo"], args.repeats)
     print(f"{GROUPS} groups x {G} completions x {T} tokens; median of {args.repeats} (loss + backward, advantages included)")
