@@ -85,14 +85,14 @@ def run_dir(out: Path, entry: str, pair: str, seed: int) -> Path:
     return out / "runs" / entry / pair / f"seed{seed}"
 
 
-def _train_one(runner: Callable, pair_file: Path, sets: list[str], d: Path, threads: int | None) -> None:
-    """One run, in a worker process of a parallel compare: the config is loaded there and torch
-    gets its share of the cores (threads spinning on oversubscribed cores cost more than they give)."""
+def _train_one(runner: Callable, cfg, d: Path, threads: int | None) -> None:
+    """One run, in a worker process of a parallel compare: torch gets its share of the cores
+    (threads spinning on oversubscribed cores cost more than they give)."""
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    runner(load_config(pair_file, sets), d)
+    runner(cfg, d)
 
 
 def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[int, int, str], None] = lambda i, n, s: None,
@@ -101,7 +101,7 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[
     ``jobs`` > 1 trains that many at once in worker processes, each with ``cores // jobs`` torch
     threads (``runner`` must then be a module-level function)."""
     todo = spec.runs()
-    pending: list[tuple[str, str, list[str], Path]] = []  # (label, pair, overrides, run dir)
+    pending: list[tuple[str, object, Path]] = []  # (label, config, run dir)
     done: list[Path] = []
     for i, (entry, pair, seed) in enumerate(todo):
         d = run_dir(out, entry, pair, seed)
@@ -111,12 +111,11 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[
             done.append(d)
             continue
         sets = [*spec.entries[entry], f"seed={seed}", *([f"budget.steps={spec.steps}"] if spec.steps else [])]
-        load_config(spec.pairs[pair], sets)  # every config is checked before the first run starts
-        pending.append((label, pair, sets, d))
+        pending.append((label, load_config(spec.pairs[pair], sets), d))  # every config is checked before the first run starts
     if jobs <= 1:
-        for label, pair, sets, d in pending:
+        for label, cfg, d in pending:
             progress(len(done), len(todo), label)
-            runner(load_config(spec.pairs[pair], sets), d)
+            runner(cfg, d)
             done.append(d)
             progress(len(done), len(todo), label)
         return done
@@ -126,7 +125,7 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_train_one, runner, spec.pairs[pair], sets, d, threads): (label, d) for label, pair, sets, d in pending}
+        futures = {pool.submit(_train_one, runner, cfg, d, threads): (label, d) for label, cfg, d in pending}
         remaining = set(futures)
         while remaining:
             finished, remaining = wait(remaining, return_when=FIRST_EXCEPTION)

@@ -20,7 +20,7 @@ import hashlib
 from dataclasses import dataclass
 
 from mutualrl.see.exchange import dead_letter_stream, stream_name
-from mutualrl.see.identity import OBSERVER, ROLE_KINDS
+from mutualrl.see.identity import OBSERVER, ROLE_KINDS, service_env
 
 __all__ = ["ADMIN_PASSWORD_ENV", "OBSERVER", "ROLE_KINDS", "ServiceUser", "acl_file", "acl_rules", "own_streams", "password_env"]
 ADMIN_PASSWORD_ENV = "MUTUALRL_REDIS_ADMIN_PASSWORD"
@@ -29,7 +29,7 @@ ADMIN_PASSWORD_ENV = "MUTUALRL_REDIS_ADMIN_PASSWORD"
 def password_env(service: str) -> str:
     """The environment variable a deployment passes a service's password in, e.g.
     ``llama-char.rollout`` -> ``MUTUALRL_REDIS_PASSWORD_LLAMA_CHAR_ROLLOUT``."""
-    return "MUTUALRL_REDIS_PASSWORD_" + "".join(c if c.isalnum() else "_" for c in service).upper()
+    return service_env("MUTUALRL_REDIS_PASSWORD_", service)
 
 # reading and consumer-group bookkeeping on any of the run's streams
 READ_COMMANDS = ("xreadgroup", "xack", "xgroup", "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xinfo", "exists", "type", "scan")

@@ -65,10 +65,16 @@ def keys_for_service(run_key: str | bytes, policy: str, role: str, policies: lis
     return {s: derive_key(run_key, s) for s in dict.fromkeys(own + services_read(policy, role, policies))}
 
 
+def service_env(prefix: str, service: str) -> str:
+    """An environment variable per service: ``prefix`` + the service name upper-cased, every
+    other character an underscore (``llama-char.rollout`` -> ``<prefix>LLAMA_CHAR_ROLLOUT``)."""
+    return prefix + "".join(c if c.isalnum() else "_" for c in service).upper()
+
+
 def key_env(service: str) -> str:
     """The variable a deployment keeps one service's key in, e.g. ``llama-char.rollout`` ->
     ``MUTUALRL_SEE_KEY_LLAMA_CHAR_ROLLOUT`` (docker-compose's ``.env``)."""
-    return "MUTUALRL_SEE_KEY_" + "".join(c if c.isalnum() else "_" for c in service).upper()
+    return service_env("MUTUALRL_SEE_KEY_", service)
 
 
 def format_keys(keys: Mapping[str, bytes]) -> str:

@@ -112,7 +112,8 @@ class Learner:
                     have.append(r)
             if refused or copies:
                 self.own.ack(refused + copies)
-            self.totals["own_duplicate"] += len(copies)
+            if copies:
+                self.totals["own_duplicate"] += len(copies)
 
         admit([r for r in self._buffer if r.payload.step == step])
         self._buffer = [r for r in self._buffer if r.payload.step > step]

@@ -21,19 +21,23 @@ from mutualrl.weights import store as store_module
 KINDS = ["filesystem", "collective"]
 
 
-@pytest.fixture
-def pair(request, tmp_path):
-    """(kind, sender, receiver): the learner's end and the engine's end of one transport."""
-    if request.param == "filesystem":
-        s = WeightStore(tmp_path / "weights")
-        yield request.param, s, s
-        return
+def _collective_pair() -> tuple[CollectiveTransport, CollectiveTransport]:
+    """The learner's (rank 0) and the engine's (rank 1) ends of a real gloo group on loopback."""
     port = free_port()
     groups: dict[int, object] = {}
     ths = [threading.Thread(target=lambda r=r: groups.__setitem__(r, weight_group("127.0.0.1", port, r, 2, timeout_s=60))) for r in (0, 1)]
     [t.start() for t in ths]
     [t.join() for t in ths]
-    yield request.param, CollectiveTransport(groups[0], 0), CollectiveTransport(groups[1], 1)
+    return CollectiveTransport(groups[0], 0), CollectiveTransport(groups[1], 1)
+
+
+@pytest.fixture
+def pair(request, tmp_path):
+    """(kind, sender, receiver): the learner's end and the engine's end of one transport."""
+    if request.param == "filesystem":
+        s = WeightStore(tmp_path / "weights")
+        return request.param, s, s
+    return (request.param, *_collective_pair())
 
 
 def transfer(kind, sender, policy, version, state, receive):
@@ -80,12 +84,7 @@ def test_a_wrong_announced_checksum_is_refused(pair):
 
 
 def test_a_collective_version_must_move_forward():
-    port = free_port()
-    groups: dict[int, object] = {}
-    ths = [threading.Thread(target=lambda r=r: groups.__setitem__(r, weight_group("127.0.0.1", port, r, 2, timeout_s=60))) for r in (0, 1)]
-    [t.start() for t in ths]
-    [t.join() for t in ths]
-    sender, receiver = CollectiveTransport(groups[0], 0), CollectiveTransport(groups[1], 1)
+    sender, receiver = _collective_pair()
     transfer("collective", sender, "p", 2, _state(2), lambda u, c: receiver.get(u, c))
     with pytest.raises(ValueError, match="not newer"):
         transfer("collective", sender, "p", 1, _state(1), lambda u, c: receiver.get(u, c))
