@@ -7,6 +7,13 @@ import torch
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
+def row_mean(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``mean(x[rows])`` without reading ``rows`` back to the host (0, with zero gradient, when no
+    row is selected): the learner syncs device values once per step, not per mini-batch."""
+    r = rows.to(x.dtype)
+    return torch.where(rows, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / r.sum().clamp(min=1.0)
+
+
 def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm_len: float | None = None) -> torch.Tensor:
     """Reduce a ``[B, T]`` per-token loss to a scalar.
 
@@ -23,12 +30,10 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean
         return (loss_mat * m).sum() / m.sum().clamp(min=1.0)
     seq_sum = (loss_mat * m).sum(-1)  # [B]
     if mode == "seq-mean-token-mean":
-        rows = m.sum(-1) > 0
         per_seq = seq_sum / m.sum(-1).clamp(min=1.0)  # [B]
-        return per_seq[rows].mean() if rows.any() else seq_sum.sum() * 0.0
+        return row_mean(per_seq, m.sum(-1) > 0)
     if mode == "seq-mean-token-sum":
-        rows = m.sum(-1) > 0
-        return seq_sum[rows].mean() if rows.any() else seq_sum.sum() * 0.0
+        return row_mean(seq_sum, m.sum(-1) > 0)
     if mode == "seq-mean-token-sum-norm":
         denom = float(norm_len if norm_len is not None else loss_mat.shape[-1])
         return seq_sum.sum() / (loss_mat.shape[0] * denom)

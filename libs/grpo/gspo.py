@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from mutualrl.grpo.aggregation import agg_loss
-from mutualrl.grpo.policy_loss import POLICY_LOSSES, PolicyLossOutput, masked_mean
+from mutualrl.grpo.aggregation import agg_loss, row_mean
+from mutualrl.grpo.policy_loss import POLICY_LOSSES, PolicyLossOutput, masked_extreme, masked_mean
 
 MAX_SEQ_LOG_RATIO = 10.0
 """verl clamps the sequence log-ratio at 10 before exponentiating (§1.2)."""
@@ -27,12 +27,14 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
     return sequence_mean(logp - old_logp, mask).clamp(-MAX_SEQ_LOG_RATIO, MAX_SEQ_LOG_RATIO).exp()
 
 
-def _ratio_metrics(ratio: torch.Tensor, clipped: torch.Tensor) -> dict[str, float]:
+def _ratio_metrics(ratio: torch.Tensor, clipped: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Sequence-ratio diagnostics over the rows with tokens (0-dim tensors; 0 / 1 when none)."""
+    any_row = rows.any()
     return {
-        "clip_frac": float(clipped.float().mean()) if ratio.numel() else 0.0,
-        "ratio_mean": float(ratio.mean()) if ratio.numel() else 1.0,
-        "ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
-        "ratio_min": float(ratio.min()) if ratio.numel() else 1.0,
+        "clip_frac": masked_mean(clipped.float(), rows),
+        "ratio_mean": torch.where(any_row, masked_mean(ratio, rows), torch.ones((), device=ratio.device)),
+        "ratio_max": masked_extreme(ratio, rows, largest=True, empty=1.0),
+        "ratio_min": masked_extreme(ratio, rows, largest=False, empty=1.0),
     }
 
 
@@ -64,9 +66,9 @@ def gspo_loss(
     obj1 = s * advantages  # [B]
     obj2 = s.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # [B]
     per_seq = -torch.minimum(obj1, obj2)  # [B]
-    loss = per_seq[rows].mean() if rows.any() else logp.sum() * 0.0
+    loss = row_mean(per_seq, rows)  # no rows: 0, with a zero gradient
     with torch.no_grad():
-        metrics = _ratio_metrics(s[rows], (obj2 < obj1)[rows])
+        metrics = _ratio_metrics(s, obj2 < obj1, rows)
         metrics["approx_kl"] = masked_mean(old_logp - logp, mask)
     return PolicyLossOutput(loss, metrics)
 
@@ -105,7 +107,7 @@ def gspo_token_loss(
     with torch.no_grad():
         rows = mask.sum(-1) > 0
         metrics = {
-            **_ratio_metrics(s[rows], torch.zeros(0)),
+            **_ratio_metrics(s, torch.zeros_like(rows), rows),
             "clip_frac": masked_mean((obj2 < obj1).float(), mask),
             "approx_kl": masked_mean(old_logp - logp, mask),
         }

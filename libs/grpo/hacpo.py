@@ -20,8 +20,8 @@ import torch
 
 from mutualrl.grpo.gspo import sequence_mean
 from mutualrl.grpo.kl import kl_penalty
-from mutualrl.grpo.aggregation import agg_loss
-from mutualrl.grpo.policy_loss import PolicyLossOutput
+from mutualrl.grpo.aggregation import agg_loss, row_mean
+from mutualrl.grpo.policy_loss import PolicyLossOutput, masked_mean
 
 CAPABILITY_METRICS = ("positive_rate", "reward_mean")
 
@@ -184,24 +184,30 @@ def hacpo_loss(
     c = s.clamp(lower, 1.0)
     cross_obj = c * c.detach().pow(alpha) * omega * advantages
     obj = torch.where(is_self, self_obj, cross_obj)  # [B]
-    loss = -obj[rows].mean() if rows.any() else logp.sum() * 0.0
-    kl_value = 0.0
+    loss = -row_mean(obj, rows)  # no rows: 0, with a zero gradient
+    kl_value: torch.Tensor | float = 0.0
     self_mask = mask * is_self[:, None].to(mask.dtype)
-    if kl_coef > 0 and ref_logp is not None and bool(self_mask.any()):
+    if kl_coef > 0 and ref_logp is not None:  # no self tokens: agg_loss is 0 with a zero gradient
         kl = agg_loss(kl_penalty(logp, ref_logp, kl_type), self_mask, kl_agg, norm_len)
         loss = loss + kl_coef * kl
-        kl_value = float(kl.detach())
+        kl_value = kl.detach()
     with torch.no_grad():
-        sr, cr = s[is_self & rows], s[~is_self & rows]
+        # every diagnostic stays a 0-dim tensor (NaN where its rows are absent): no host read here
+        sel_self, sel_cross = is_self & rows, ~is_self & rows
+        nan = torch.full((), float("nan"), device=s.device)
+
+        def over(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+            return torch.where(sel.any(), masked_mean(x, sel), nan)
+
         metrics = {
             "kl": kl_value,
-            "self_ratio_mean": float(sr.mean()) if sr.numel() else float("nan"),
-            "self_clip_frac": float(((sr < 1 - self_clip_low) | (sr > 1 + self_clip_high)).float().mean()) if sr.numel() else float("nan"),
-            "cross_ratio_mean": float(cr.mean()) if cr.numel() else float("nan"),
-            "cross_discarded_frac": float((cr < lower).float().mean()) if cr.numel() else float("nan"),
+            "self_ratio_mean": over(s, sel_self),
+            "self_clip_frac": over(((s < 1 - self_clip_low) | (s > 1 + self_clip_high)).float(), sel_self),
+            "cross_ratio_mean": over(s, sel_cross),
+            "cross_discarded_frac": over((s < lower).float(), sel_cross),
             "cross_lower_bound": lower,
-            "omega_mean": float(omega[~is_self & rows].mean()) if cr.numel() else float("nan"),
-            "self_rows": int(sr.numel()),
-            "cross_rows": int(cr.numel()),
+            "omega_mean": over(omega, sel_cross),
+            "self_rows": sel_self.sum(),
+            "cross_rows": sel_cross.sum(),
         }
     return PolicyLossOutput(loss, metrics)

@@ -16,12 +16,25 @@ POLICY_LOSSES: Registry = Registry("policy loss")
 class PolicyLossOutput:
     """A policy loss with its detached diagnostics (clip fractions, ratios)."""
     loss: torch.Tensor  # scalar, differentiable
-    metrics: dict[str, float] = field(default_factory=dict)  # detached diagnostics
+    # detached diagnostics: 0-dim tensors (read back once per step by the learner) or floats
+    metrics: dict[str, torch.Tensor | float] = field(default_factory=dict)
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over the masked entries, as a detached 0-dim tensor (0 when none)."""
     m = mask.to(x.dtype)
-    return float((x * m).sum() / m.sum().clamp(min=1.0))
+    return ((x * m).sum() / m.sum().clamp(min=1.0)).detach()
+
+
+def masked_extreme(x: torch.Tensor, mask: torch.Tensor, largest: bool, empty: float) -> torch.Tensor:
+    """Max (or min) of ``x`` over the masked entries, ``empty`` when none — a 0-dim tensor,
+    computed without reading the mask back to the host."""
+    fill = float("-inf") if largest else float("inf")
+    if x.numel() == 0:
+        return torch.tensor(empty, device=x.device)
+    sel = x.detach().masked_fill(~mask.bool(), fill)
+    v = sel.max() if largest else sel.min()
+    return torch.where(mask.bool().any(), v, torch.tensor(empty, dtype=x.dtype, device=x.device))
 
 
 @POLICY_LOSSES.register("grpo")
@@ -61,7 +74,7 @@ def ppo_clip_loss(
         metrics = {
             "clip_frac": masked_mean((pg2 > pg1).float(), mask),
             "ratio_mean": masked_mean(ratio, mask),
-            "ratio_max": float((ratio * mask).max()) if mask.any() else 1.0,
+            "ratio_max": masked_extreme(ratio, mask, largest=True, empty=1.0),
             "approx_kl": masked_mean(-log_ratio, mask),
         }
     return PolicyLossOutput(loss, metrics)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from mutualrl.grpo.aggregation import agg_loss
+from mutualrl.grpo.aggregation import agg_loss, row_mean
 from mutualrl.grpo.gspo import MAX_SEQ_LOG_RATIO, sequence_mean
-from mutualrl.grpo.policy_loss import PolicyLossOutput, masked_mean
+from mutualrl.grpo.policy_loss import PolicyLossOutput, masked_extreme, masked_mean
 
 PRP_RATIO_LEVELS = ("sequence", "token")
 
@@ -57,13 +57,13 @@ def prp_peer_loss(
         rows = mask.sum(-1) > 0
         w = (sequence_mean(logp, mask) - peer_mean_logp).clamp(-MAX_SEQ_LOG_RATIO, MAX_SEQ_LOG_RATIO).exp()  # [P]
         obj = _truncated(w, truncation) * advantages
-        loss = -obj[rows].mean() if rows.any() else logp.sum() * 0.0
+        loss = -row_mean(obj, rows)  # no rows: 0, with a zero gradient
         with torch.no_grad():
-            wr = w[rows]
+            nan = torch.full((), float("nan"), device=w.device)
             metrics = {
-                "peer_weight_mean": float(wr.mean()) if wr.numel() else float("nan"),
-                "peer_weight_max": float(wr.max()) if wr.numel() else float("nan"),
-                "peer_truncated_frac": float((wr > truncation).float().mean()) if wr.numel() else 0.0,
+                "peer_weight_mean": torch.where(rows.any(), masked_mean(w, rows), nan),
+                "peer_weight_max": masked_extreme(w, rows, largest=True, empty=float("nan")),
+                "peer_truncated_frac": masked_mean((w > truncation).float(), rows),
             }
         return PolicyLossOutput(loss, metrics)
     if peer_logp is None:
@@ -75,7 +75,7 @@ def prp_peer_loss(
     with torch.no_grad():
         metrics = {
             "peer_weight_mean": masked_mean(w, mask),
-            "peer_weight_max": float((w * mask).max()) if mask.any() else float("nan"),
+            "peer_weight_max": masked_extreme(w, mask, largest=True, empty=float("nan")),
             "peer_truncated_frac": masked_mean((w > truncation).float(), mask),
         }
     return PolicyLossOutput(loss, metrics)

@@ -49,6 +49,17 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
+def sample_categorical(logp: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row from ``softmax(logp)`` ([B, V] -> [B]) by inverting the CDF: one uniform
+    ``u`` per row, the first token whose float64 cumulative probability exceeds ``u·Σp``. A token
+    of probability 0 (filtered by top-k/top-p) is never drawn: its cumulative sum does not rise.
+    ``torch.multinomial`` (and an exponential race) draw a random number per vocabulary entry: on
+    the CPU at a 151k vocabulary and 256 rows that was 0.8 s per token against 0.25 s here."""
+    cdf = logp.double().exp_().cumsum_(-1)  # [B, V]
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+
+
 class GenerationCancelled(RuntimeError):
     """The caller of a generation went away before it finished."""
 
@@ -80,7 +91,9 @@ def sample(
     model.eval()
     ids, mask = _left_pad(prompts, pad_id, device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    # the prefill needs the next-token logits of the last position only: at a 151k vocabulary the
+    # LM head over every prompt position would cost more than the rest of the model
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     past = out.past_key_values
     logits = out.logits[:, -1, :].float()
     B = len(prompts)
@@ -98,7 +111,7 @@ def sample(
             tok = logp.argmax(-1)
         else:
             logp = F.log_softmax(_filter_logits(logits / temperature, top_k, top_p), dim=-1)
-            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            tok = sample_categorical(logp, generator)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         toks.append(tok)
         lps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
@@ -188,10 +201,14 @@ def sequence_logprobs(
     T = max(len(c) for c in completions)
     ids, attn = _left_pad(seqs, pad_id, device)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # [B, L, V]
-    # logits at position j predict token j+1; the last T+1 positions cover every completion token
+    # logits at position j predict token j+1: positions L-T-1 .. L-2 cover every completion token,
+    # so the LM head runs on those alone (most of the cost at a production vocabulary), and the
+    # logits come out contiguous (a sliced view would be copied again to flatten it)
+    L = ids.shape[1]
+    keep = torch.arange(L - T - 1, L - 1, device=device)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep).logits  # [B, T, V]
     targets = ids[:, -T:]  # [B, T]
-    logp = selective_logprobs(logits[:, -T - 1 : -1, :], targets)  # [B, T]
+    logp = selective_logprobs(logits, targets)  # [B, T]
     mask = torch.zeros_like(targets, dtype=torch.float32)
     for i, c in enumerate(completions):
         if c:

@@ -65,11 +65,10 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def local_value(x) -> float:
-    """A Python float from a tensor that may be a DTensor (a gradient norm under FSDP2)."""
-    if hasattr(x, "full_tensor"):
-        x = x.full_tensor()
-    return float(x)
+def full_value(x: torch.Tensor) -> torch.Tensor:
+    """The whole value of a tensor that may be a DTensor (a gradient norm under FSDP2), still on
+    its device: reading it back to the host is the caller's (one) decision."""
+    return x.full_tensor() if hasattr(x, "full_tensor") else x
 
 
 def rank() -> int:

@@ -68,10 +68,10 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
     if p.warm_start.enabled:
         phase(f"[{p.name}] warm start (target {p.warm_start.target_accuracy:.0%})")
         ws = warm_start(
-            arts.model, arts.tokenizer, task.train, task.eval, verifier, p.warm_start,
+            arts.model, arts.tokenizer, task.train, verifier, p.warm_start,
             source=arts.source, task_fingerprint=task.fingerprint(), seed=cfg.start_seed + index,
             max_new_tokens=cfg.budget.max_new_tokens, cache_dir=cache, chat_template=p.tokenizer.chat_template,
-            on_progress=lambda s, a, n=p.name: phase(f"[{n}] warm start step {s}: held-out {a:.1%}"),
+            on_progress=lambda s, a, n=p.name: phase(f"[{n}] warm start step {s}: validation {a:.1%}"),
         )
         steps = ws.steps
     return PreparedPolicy(p, index, arts, steps)

@@ -3,8 +3,15 @@
 Tiny random models never sample a correct answer, and GRPO gives zero advantage
 to all-fail groups; a short SFT pass on reference answers lifts held-out
 accuracy into a range where RL (and sharing) has something to work with. The
-pass stops as soon as a held-out check reaches ``target_accuracy`` — a fixed
-step count is unreliable because accuracy jumps abruptly (measured on the demo models).
+pass stops as soon as a check reaches ``target_accuracy`` — a fixed step count
+is unreliable because accuracy jumps abruptly (measured on the demo models).
+
+The check runs on a *validation* slice carved from the training split, never on
+the held-out problems RL is evaluated on: stopping at the first check that
+crosses the target selects an upward fluctuation, and if that check were the
+held-out set the reported warm-start accuracy would be inflated and every RL
+gain measured from it understated (regression to the mean; docs/algorithms.md,
+"Warm start").
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from mutualrl.tasks import Problem, Verifier
 
 @dataclass
 class WarmStartResult:
-    """How a warm start ended: steps taken, held-out accuracy, and whether it came from the cache."""
+    """How a warm start ended: steps taken, validation accuracy, and whether it came from the cache."""
     steps: int
     accuracy: float
     seconds: float
@@ -38,15 +45,23 @@ class WarmStartResult:
 
 
 def _key(source: str, cfg: WarmStartConfig, task_fp: str, seed: int, max_new_tokens: int) -> str:
-    blob = json.dumps([source, cfg.model_dump(), task_fp, seed, max_new_tokens, "ws2"], sort_keys=True)
+    blob = json.dumps([source, cfg.model_dump(), task_fp, seed, max_new_tokens, "ws3"], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def split_validation(train: list[Problem], size: int) -> tuple[list[Problem], list[Problem]]:
+    """(SFT problems, validation problems): the last ``size`` training problems — at most a
+    fifth of the split, at least one — are held back from SFT to decide when it stops."""
+    if len(train) < 2:
+        raise ValueError(f"warm start needs at least 2 training problems to hold one back for validation; the task has {len(train)}")
+    n = max(1, min(size, len(train) // 5))
+    return train[:-n], train[-n:]
 
 
 def warm_start(
     model: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
     train: list[Problem],
-    held_out: list[Problem],
     verifier: Verifier,
     cfg: WarmStartConfig,
     *,
@@ -67,7 +82,7 @@ def warm_start(
     t0 = time.monotonic()
     rng = random.Random(f"warm:{seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    held = held_out[: cfg.eval_size]
+    train, held = split_validation(train, cfg.eval_size)
     acc = greedy_accuracy(model, tok, held, verifier, max_new_tokens, chat_template=chat_template)
     step = 0
     while step < cfg.max_steps and acc < cfg.target_accuracy:

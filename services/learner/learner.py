@@ -19,7 +19,8 @@ from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import OptimConfig
 from mutualrl.grpo import get_sharing_mode
 from mutualrl.models.generation import sequence_logprobs
-from mutualrl.models.sharding import full_state_dict, local_value
+from mutualrl.models.host import read_scalars
+from mutualrl.models.sharding import full_state_dict, full_value
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.objective import OWN, PEER, Rows, right_aligned
@@ -71,7 +72,9 @@ class Learner:
         self.version = 0
         # the size of a published version never changes: computed once, not on every step
         self.weights_bytes = int(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.optim.lr, weight_decay=settings.optim.weight_decay)
+        # fused: the update of a mini-batch without learning signal is skipped on the device
+        # (``found_inf``), so the host never waits for a gradient norm mid-step
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.optim.lr, weight_decay=settings.optim.weight_decay, fused=True)
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
         self.mode = get_sharing_mode(settings.sharing.mode)  # data: what to read from peers
         kinds = list(self.mode.peer_kinds)
@@ -332,10 +335,11 @@ class Learner:
             group["lr"] = lr
         t_train = time.monotonic()
         per_mb: list[dict] = []
-        losses: list[float] = []
-        grad_norms: list[float] = []
+        # per mini-batch device values, read back to the host once after the last update
+        losses: list[torch.Tensor] = []
+        grad_norms: list[torch.Tensor] = []
+        skipped: list[torch.Tensor] = []
         chunks = self.strategy.minibatches(rows, a.minibatch_rows)
-        empty_updates = 0
         for m, sl in enumerate(chunks):
             prompts, completions = rows.prompt_ids[sl], rows.completion_ids[sl]
             logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad)  # [b, T]
@@ -352,7 +356,7 @@ class Learner:
                 old_logp=right_aligned(rows.old_logp[sl], T).to(dev),
                 mask=right_aligned(rows.mask[sl], T).to(dev),
                 adv=step_adv.advantages[sl].to(dev),
-                kind=kind_all[sl].to(dev),
+                kind=kind_all[sl],  # host: choosing rows never waits for the device
                 source_mean_logp=src_mean_all[sl].to(dev),
                 omega=step_adv.omega[sl].to(dev),
                 minibatch_index=m,
@@ -363,21 +367,27 @@ class Learner:
             extra, extra_metrics = self.strategy.rescue_loss(self.model, rescues, m, pad)
             if extra is not None:
                 loss = loss + extra
-                metrics.update(extra_metrics)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{self.policy}: non-finite loss at step {step} (mini-batch {m})")
+                mb_metrics.update(extra_metrics)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
-            gn = local_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
-            if gn > 0.0:
-                self.opt.step()
-            else:
-                # no learning signal (all advantages 0, every row clipped): AdamW would still move
-                # the weights by its momentum, which is noise, not learning
-                empty_updates += 1
-            losses.append(float(loss.detach()))
+            gn = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
+            # no learning signal (all advantages 0, every row clipped): AdamW would still move the
+            # weights by its momentum, which is noise, not learning; a non-finite loss or gradient
+            # must not reach the weights either (the step raises below)
+            skip = ~(torch.isfinite(loss.detach()) & torch.isfinite(gn) & (gn > 0))
+            self.opt.found_inf = skip.to(torch.float32)
+            self.opt.step()
+            losses.append(loss.detach())
             grad_norms.append(gn)
+            skipped.append(skip)
             per_mb.append(mb_metrics)
+        self.opt.found_inf = None
+        host = read_scalars({"loss": losses, "grad_norm": grad_norms, "skipped": skipped, "mb": per_mb})  # the one host sync
+        losses, grad_norms, per_mb = host["loss"], host["grad_norm"], host["mb"]
+        empty_updates = int(sum(host["skipped"]))
+        bad = [m for m, v in enumerate(losses) if not math.isfinite(v)]
+        if bad:
+            raise FloatingPointError(f"{self.policy}: non-finite loss at step {step} (mini-batch {bad[0]}); that update was not applied")
 
         stages["train"] = time.monotonic() - t_train - stages["logprob"]
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)
@@ -405,7 +415,7 @@ class Learner:
         for k in [k for k in metrics if k.startswith("_")]:
             vals = [v for v in metrics.pop(k) if isinstance(v, (int, float)) and math.isfinite(v)]
             if k.endswith("_rows"):  # counts add up over mini-batches; everything else is a mean
-                metrics[k[1:]] = sum(vals)
+                metrics[k[1:]] = int(sum(vals))
             else:
                 metrics[k[1:]] = sum(vals) / len(vals) if vals else None
         kl_value = metrics.get("kl") if metrics.get("kl") is not None else metrics.get("approx_kl")

@@ -141,14 +141,17 @@ class SharingStrategy:
     def loss(self, *, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, kind: torch.Tensor,
              source_mean_logp: torch.Tensor, omega: torch.Tensor, minibatch_index: int, ref_logp: torch.Tensor | None) -> PolicyLossOutput:
         """Loss of one mini-batch (all tensors are its rows: [b, T] or [b]): the policy-gradient
-        loss on own (and on-policy) rows, the mode's extra terms, the KL on own rows."""
+        loss on own (and on-policy) rows, the mode's extra terms, the KL on own rows.
+
+        ``kind`` stays on the host: which rows are own or peer is known before the forward pass,
+        so choosing them never waits for the device; metrics come back as 0-dim tensors."""
         a = self.a
         own = kind == OWN
         on_policy = self.on_policy_rows(kind)
         base_rows = own | on_policy
-        old = torch.where(on_policy[:, None], logp.detach(), old_logp)
+        old = torch.where(on_policy[:, None].to(logp.device), logp.detach(), old_logp)
         total = logp.sum() * 0.0
-        metrics: dict[str, float] = {}
+        metrics: dict[str, torch.Tensor | float] = {}
         if base_rows.any():
             pg = self.base(logp[base_rows], old[base_rows], adv[base_rows], mask[base_rows], clip_low=self.clip_low, clip_high=self.clip_high,
                            clip_ratio_c=a.clip_ratio_c, loss_agg=a.loss_agg, norm_len=self.norm_len)
@@ -161,7 +164,7 @@ class SharingStrategy:
         if a.kl_coef > 0 and ref_logp is not None and own.any():
             kl = agg_loss(kl_penalty(logp[own], ref_logp[own], a.kl_type), mask[own], a.loss_agg, norm_len=self.norm_len)
             total = total + a.kl_coef * kl
-            metrics["kl"] = float(kl.detach())
+            metrics["kl"] = kl.detach()
         return PolicyLossOutput(total, metrics)
 
     def peer_loss(self, logp, old_logp, mask, adv, kind, source_mean_logp) -> PolicyLossOutput | None:
@@ -272,7 +275,7 @@ class SuccessGatedTransfer(SharingStrategy):
             return None, {}
         r_logp, r_mask = sequence_logprobs(model, [x.prompt_ids for x in rescues], [x.completion_ids for x in rescues], pad_id=pad_id)
         nll = sgt_nll(r_logp, r_mask)
-        return self.sh.sgt.weight * nll, {"sgt_nll": float(nll.detach())}
+        return self.sh.sgt.weight * nll, {"sgt_nll": nll.detach()}
 
 
 @STRATEGIES.register("hacpo")
@@ -311,7 +314,7 @@ class Hacpo(SharingStrategy):
     def loss(self, *, logp, old_logp, mask, adv, kind, source_mean_logp, omega, minibatch_index, ref_logp) -> PolicyLossOutput:
         h, a = self.sh.hacpo, self.a
         return hacpo_loss(
-            logp, mask, source_mean_logp, adv, kind == OWN, omega,
+            logp, mask, source_mean_logp, adv, (kind == OWN).to(logp.device), omega,
             minibatch_index=minibatch_index, alpha=h.alpha, delta=h.delta, delta_step=h.delta_step,
             self_clip_low=h.self_clip_low, self_clip_high=h.self_clip_high, max_abs_log_ratio=h.max_abs_log_ratio,
             ref_logp=ref_logp, kl_coef=a.kl_coef, kl_type=a.kl_type, kl_agg=a.loss_agg, norm_len=self.norm_len,

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import OptimConfig, SgtConfig
@@ -234,3 +235,33 @@ def test_learning_rate_warms_up_linearly_from_the_step(arithmetic_task):
         worker.run_step(step, problems)
         learner.train_step(step, problems)
         assert learner.opt.param_groups[0]["lr"] == pytest.approx(4e-3 * step / 4)
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts reads of floating-point tensor values back to Python (``float(t)``, ``t.item()``,
+    ``t.tolist()``): on a GPU each one waits for the device to drain its queue."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("item", "tolist", "__float__") and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("minibatch_rows", [None, 16])
+def test_step_reads_device_values_back_once(arithmetic_task, minibatch_rows):
+    """Losses, gradient norms, skip decisions and every diagnostic stay tensors until one read at
+    the end of the step, however many mini-batches it has (1 or 4 here)."""
+    ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3)
+    arts, eng, worker, learner = pols["a"]
+    learner.s.algorithm = AlgorithmConfig(minibatch_rows=minibatch_rows)
+    problems = arithmetic_task.train[:8]
+    worker.run_step(1, problems)
+    with _HostReads() as reads:
+        rec = learner.train_step(1, problems)
+    assert rec["updates"] == (1 if minibatch_rows is None else 4)
+    assert rec["loss"] is not None and rec["grad_norm"] > 0 and isinstance(rec["clip_frac"], float)
+    assert reads.count == 1

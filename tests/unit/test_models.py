@@ -174,3 +174,17 @@ def test_selective_logprobs_equal_the_full_log_softmax_with_gradients(dtype):
     (g_full,) = torch.autograd.grad(full.sum(), logits)
     (g_mine,) = torch.autograd.grad(mine.sum(), logits)
     torch.testing.assert_close(g_mine.float(), g_full.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_sample_categorical_draws_from_the_distribution():
+    """Inverse-CDF sampling picks each token with its probability (and never a filtered one)."""
+    from mutualrl.models.generation import sample_categorical
+
+    p = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    logp = p.log().expand(20000, 6).contiguous()
+    g = torch.Generator().manual_seed(0)
+    draws = sample_categorical(logp, g)
+    freq = torch.bincount(draws, minlength=6).float() / draws.numel()
+    assert torch.allclose(freq, p, atol=0.015) and freq[0] == freq[2] == freq[5] == 0
+    again = sample_categorical(logp, torch.Generator().manual_seed(0))
+    assert torch.equal(draws, again)  # seeded: reproducible

@@ -1,0 +1,46 @@
+"""The warm start decides when to stop on a validation slice of the training split, never on the
+held-out problems RL is evaluated on (a first crossing of the target on the test set would report
+an inflated starting accuracy and understate every RL gain)."""
+
+import pytest
+
+from mutualrl.config.schema import WarmStartConfig
+from mutualrl.models import build_model
+from mutualrl.models.families import ModelShape
+from mutualrl.runtime import warm_start as ws
+from mutualrl.tasks import build_verifier
+
+SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=64)
+
+
+def test_split_validation_holds_back_the_tail():
+    train = list(range(100))
+    sft, val = ws.split_validation(train, 10)
+    assert val == list(range(90, 100)) and sft == list(range(90))
+    sft, val = ws.split_validation(train, 64)  # at most a fifth of the split
+    assert len(val) == 20 and len(sft) == 80
+    with pytest.raises(ValueError, match="at least 2 training problems"):
+        ws.split_validation([1], 10)
+
+
+def test_checks_never_see_held_out_problems(arithmetic_task, tokenizers, tmp_path, monkeypatch):
+    tok = tokenizers["char"]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    model = build_model("llama", len(tok), SHAPE, ids, seed=0)
+    checked: list[str] = []
+    real = ws.greedy_accuracy
+
+    def recording(model, tok, problems, *a, **kw):
+        checked.extend(p.prompt for p in problems)
+        return real(model, tok, problems, *a, **kw)
+
+    monkeypatch.setattr(ws, "greedy_accuracy", recording)
+    cfg = WarmStartConfig(target_accuracy=1.0, max_steps=4, check_every=2, batch_size=4, eval_size=8)
+    res = ws.warm_start(model, tok, arithmetic_task.train, build_verifier(None, arithmetic_task), cfg,
+                        source="test", task_fingerprint=arithmetic_task.fingerprint(), seed=0,
+                        max_new_tokens=6, cache_dir=tmp_path)
+    assert res.steps == 4 and not res.cached
+    held_out = {p.prompt for p in arithmetic_task.eval}
+    validation = {p.prompt for p in arithmetic_task.train[-8:]}
+    assert len(checked) == 3 * 8  # at step 0, 2 and 4
+    assert set(checked) == validation and not set(checked) & held_out
