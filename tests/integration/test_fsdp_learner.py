@@ -27,11 +27,13 @@ SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=
 STEPS = 3
 
 
-class _FirstChar(ExactMatchVerifier):
-    """Rewards a completion starting with the answer's first character (mixed groups on a random model)."""
+class _EvenLength(ExactMatchVerifier):
+    """Rewards a completion of an even number of characters: mixed groups on any random model
+    (the answer's first character was hit in under 1 % of a random BPE model's samples, so a
+    step could have no signal at all and the comparison would prove nothing)."""
 
     def score(self, problem, completion):
-        return 1.0 if completion[:1] == problem.answer[:1] else 0.0
+        return 1.0 if len(completion) % 2 == 0 else 0.0
 
 
 def _task():
@@ -52,7 +54,7 @@ def _rollouts(family: str, kind: str) -> list[list[bytes]]:
     arts = _policy(family, kind)
     ex = ExperienceExchange(InProcessBroker(), "mutualrl:gen")
     eng = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=WeightStore())
-    worker = RolloutWorker("a", eng, arts.tokenizer, _FirstChar(), ex, fingerprint=arts.fingerprint, sampling=SamplingSpec(n=8, max_new_tokens=4))
+    worker = RolloutWorker("a", eng, arts.tokenizer, _EvenLength(), ex, fingerprint=arts.fingerprint, sampling=SamplingSpec(n=8, max_new_tokens=4))
     spy = ex.subscribe("spy", ["rollout"], ["a"])
     out = []
     for step in range(1, STEPS + 1):
@@ -75,7 +77,7 @@ def _train(rank: int, world: int, port: int, family: str, kind: str, rollouts: l
         reg.register(arts.fingerprint, arts.tokenizer)
         settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(minibatch_rows=32), sharing=SharingConfig(mode="none"),
                                    optim=OptimConfig(lr=1e-2), peer_deadline_s=2.0)
-        learner = Learner("a", model, arts.tokenizer, ex, PeerIntake(arts.tokenizer, _FirstChar(), reg, ThlBudget()), WeightStore(), settings, peers=[])
+        learner = Learner("a", model, arts.tokenizer, ex, PeerIntake(arts.tokenizer, _EvenLength(), reg, ThlBudget()), WeightStore(), settings, peers=[])
         assert learner.sharded == (world > 1)
         if world > 1:  # each rank holds half of every sharded parameter
             w = next(p for p in model.parameters() if p.dim() == 2)
