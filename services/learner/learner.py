@@ -385,9 +385,11 @@ class Learner:
         host = read_scalars({"loss": losses, "grad_norm": grad_norms, "skipped": skipped, "mb": per_mb})  # the one host sync
         losses, grad_norms, per_mb = host["loss"], host["grad_norm"], host["mb"]
         empty_updates = int(sum(host["skipped"]))
-        bad = [m for m, v in enumerate(losses) if not math.isfinite(v)]
+        bad = [m for m, (v, g) in enumerate(zip(losses, grad_norms)) if not (math.isfinite(v) and math.isfinite(g))]
         if bad:
-            raise FloatingPointError(f"{self.policy}: non-finite loss at step {step} (mini-batch {bad[0]}); that update was not applied")
+            m = bad[0]
+            raise FloatingPointError(f"{self.policy}: non-finite loss or gradient at step {step} (mini-batch {m}: loss {losses[m]}, "
+                                     f"gradient norm {grad_norms[m]}); that update was not applied")
 
         stages["train"] = time.monotonic() - t_train - stages["logprob"]
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)

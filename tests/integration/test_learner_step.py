@@ -265,3 +265,22 @@ def test_step_reads_device_values_back_once(arithmetic_task, minibatch_rows):
     assert rec["updates"] == (1 if minibatch_rows is None else 4)
     assert rec["loss"] is not None and rec["grad_norm"] > 0 and isinstance(rec["clip_frac"], float)
     assert reads.count == 1
+
+
+def test_non_finite_loss_raises_and_leaves_the_weights(arithmetic_task, monkeypatch):
+    ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3)
+    arts, eng, worker, learner = pols["a"]
+    problems = arithmetic_task.train[:8]
+    worker.run_step(1, problems)
+    real = learner.strategy.loss
+
+    def poisoned(**kw):
+        out = real(**kw)
+        out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(learner.strategy, "loss", poisoned)
+    before = copy.deepcopy(arts.model.state_dict())
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient at step 1"):
+        learner.train_step(1, problems)
+    assert all(torch.equal(before[k], v) for k, v in arts.model.state_dict().items())
