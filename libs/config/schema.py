@@ -92,7 +92,7 @@ class WarmStartConfig(_Strict):
     enabled: bool = True
     max_steps: int = Field(3000, ge=0, description="Upper bound on SFT steps.")
     target_accuracy: float = Field(0.2, ge=0, le=1, description="Stop once greedy accuracy on the validation slice reaches this.")
-    check_every: int = Field(50, ge=1, description="Steps between held-out checks.")
+    check_every: int = Field(50, ge=1, description="Steps between validation checks.")
     batch_size: int = Field(64, ge=1)
     lr: float = Field(1e-3, gt=0)
     eval_size: int = Field(128, ge=1, description="Validation problems per check, held back from the end of the training split (never the held-out eval problems).")

@@ -29,10 +29,9 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
 
 def _ratio_metrics(ratio: torch.Tensor, clipped: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """Sequence-ratio diagnostics over the rows with tokens (0-dim tensors; 0 / 1 when none)."""
-    any_row = rows.any()
     return {
         "clip_frac": masked_mean(clipped.float(), rows),
-        "ratio_mean": torch.where(any_row, masked_mean(ratio, rows), torch.ones((), device=ratio.device)),
+        "ratio_mean": masked_mean(ratio, rows, empty=1.0),
         "ratio_max": masked_extreme(ratio, rows, largest=True, empty=1.0),
         "ratio_min": masked_extreme(ratio, rows, largest=False, empty=1.0),
     }

@@ -194,19 +194,15 @@ def hacpo_loss(
     with torch.no_grad():
         # every diagnostic stays a 0-dim tensor (NaN where its rows are absent): no host read here
         sel_self, sel_cross = is_self & rows, ~is_self & rows
-        nan = torch.full((), float("nan"), device=s.device)
-
-        def over(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
-            return torch.where(sel.any(), masked_mean(x, sel), nan)
-
+        nan = float("nan")
         metrics = {
             "kl": kl_value,
-            "self_ratio_mean": over(s, sel_self),
-            "self_clip_frac": over(((s < 1 - self_clip_low) | (s > 1 + self_clip_high)).float(), sel_self),
-            "cross_ratio_mean": over(s, sel_cross),
-            "cross_discarded_frac": over((s < lower).float(), sel_cross),
+            "self_ratio_mean": masked_mean(s, sel_self, empty=nan),
+            "self_clip_frac": masked_mean(((s < 1 - self_clip_low) | (s > 1 + self_clip_high)).float(), sel_self, empty=nan),
+            "cross_ratio_mean": masked_mean(s, sel_cross, empty=nan),
+            "cross_discarded_frac": masked_mean((s < lower).float(), sel_cross, empty=nan),
             "cross_lower_bound": lower,
-            "omega_mean": over(omega, sel_cross),
+            "omega_mean": masked_mean(omega, sel_cross, empty=nan),
             "self_rows": sel_self.sum(),
             "cross_rows": sel_cross.sum(),
         }

@@ -20,10 +20,14 @@ class PolicyLossOutput:
     metrics: dict[str, torch.Tensor | float] = field(default_factory=dict)
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over the masked entries, as a detached 0-dim tensor (0 when none)."""
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, empty: float | None = None) -> torch.Tensor:
+    """Mean of ``x`` over the masked entries, as a detached 0-dim tensor: 0 when none, or
+    ``empty`` when given — chosen on the device, without reading the mask back to the host."""
     m = mask.to(x.dtype)
-    return ((x * m).sum() / m.sum().clamp(min=1.0)).detach()
+    value = ((x * m).sum() / m.sum().clamp(min=1.0)).detach()
+    if empty is None:
+        return value
+    return torch.where(mask.bool().any(), value, torch.tensor(empty, dtype=value.dtype, device=value.device))
 
 
 def masked_extreme(x: torch.Tensor, mask: torch.Tensor, largest: bool, empty: float) -> torch.Tensor:

@@ -59,9 +59,8 @@ def prp_peer_loss(
         obj = _truncated(w, truncation) * advantages
         loss = -row_mean(obj, rows)  # no rows: 0, with a zero gradient
         with torch.no_grad():
-            nan = torch.full((), float("nan"), device=w.device)
             metrics = {
-                "peer_weight_mean": torch.where(rows.any(), masked_mean(w, rows), nan),
+                "peer_weight_mean": masked_mean(w, rows, empty=float("nan")),
                 "peer_weight_max": masked_extreme(w, rows, largest=True, empty=float("nan")),
                 "peer_truncated_frac": masked_mean((w > truncation).float(), rows),
             }

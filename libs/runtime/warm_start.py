@@ -10,8 +10,7 @@ The check runs on a *validation* slice carved from the training split, never on
 the held-out problems RL is evaluated on: stopping at the first check that
 crosses the target selects an upward fluctuation, and if that check were the
 held-out set the reported warm-start accuracy would be inflated and every RL
-gain measured from it understated (regression to the mean; docs/algorithms.md,
-"Warm start").
+gain measured from it understated (regression to the mean; docs/algorithms.md §5.1).
 """
 
 from __future__ import annotations
@@ -82,8 +81,8 @@ def warm_start(
     t0 = time.monotonic()
     rng = random.Random(f"warm:{seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    train, held = split_validation(train, cfg.eval_size)
-    acc = greedy_accuracy(model, tok, held, verifier, max_new_tokens, chat_template=chat_template)
+    train, validation = split_validation(train, cfg.eval_size)
+    acc = greedy_accuracy(model, tok, validation, verifier, max_new_tokens, chat_template=chat_template)
     step = 0
     while step < cfg.max_steps and acc < cfg.target_accuracy:
         model.train()
@@ -98,7 +97,7 @@ def warm_start(
         opt.step()
         step += 1
         if step % cfg.check_every == 0 or step == cfg.max_steps:
-            acc = greedy_accuracy(model, tok, held, verifier, max_new_tokens, chat_template=chat_template)
+            acc = greedy_accuracy(model, tok, validation, verifier, max_new_tokens, chat_template=chat_template)
             if on_progress:
                 on_progress(step, acc)
     model.eval()
