@@ -133,32 +133,45 @@ serve_app = typer.Typer(no_args_is_help=True, help="Run one service (started by 
 app.add_typer(serve_app, name="serve")
 
 
-def _service_args(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port=0):
+def _service_args(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port=0, weights_group=None):
     from mutualrl.runtime.service_common import ServiceArgs
 
-    return ServiceArgs(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port)
+    return ServiceArgs(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port, weights_group)
 
 
 @serve_app.command("rollout")
 def serve_rollout(
     config: Path = typer.Option(...), policy: str = typer.Option(...), namespace: str = typer.Option(...), redis: str = typer.Option(...),
     weights: Path = typer.Option(...), out_dir: Path = typer.Option(..., "--out"), ops_port: int = typer.Option(0), grpc_port: int = typer.Option(0),
+    weights_group: Optional[str] = typer.Option(None, help="collective weights transport: the learner's rendezvous, host:port"),
 ) -> None:
     """A policy's rollout service: gRPC RolloutService + the worker loop."""
     from mutualrl.services.rollout.service import run_rollout_service
 
-    raise typer.Exit(run_rollout_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port)))
+    raise typer.Exit(run_rollout_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port, weights_group)))
 
 
 @serve_app.command("learner")
 def serve_learner(
     config: Path = typer.Option(...), policy: str = typer.Option(...), namespace: str = typer.Option(...), redis: str = typer.Option(...),
     weights: Path = typer.Option(...), out_dir: Path = typer.Option(..., "--out"), ops_port: int = typer.Option(0),
+    weights_group: Optional[str] = typer.Option(None, help="collective weights transport: where this learner hosts its rendezvous, host:port"),
 ) -> None:
     """A policy's learner service."""
     from mutualrl.services.learner.service import run_learner_service
 
-    raise typer.Exit(run_learner_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port)))
+    raise typer.Exit(run_learner_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port, weights_group=weights_group)))
+
+
+@serve_app.command("learner-rank", hidden=True)
+def serve_learner_rank(
+    config: Path = typer.Option(...), policy: str = typer.Option(...), out_dir: Path = typer.Option(..., "--out"),
+    rank: int = typer.Option(..., min=1), world: int = typer.Option(..., min=2), dist_port: int = typer.Option(...),
+) -> None:
+    """Rank 1.. of a sharded learner (started by its learner service, which is rank 0)."""
+    from mutualrl.services.learner.ranks import run_learner_rank
+
+    raise typer.Exit(run_learner_rank(config, policy, out_dir, rank, world, dist_port))
 
 
 @app.command()

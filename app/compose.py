@@ -35,9 +35,14 @@ def service_name(policy: str, role: str, profile: str) -> str:
     return f"{policy}-{role}" + ("-gpu" if profile == "gpu" else "")
 
 
-def service_command(policy: str, role: str, config_path: str) -> list[str]:
+def weights_group(cfg: ExperimentConfig, policy: str, profile: str) -> str | None:
+    """The collective transport: the learner's service name and port (None: filesystem)."""
+    return f"{service_name(policy, 'learner', profile)}:{cfg.weights.port}" if cfg.weights.transport == "collective" else None
+
+
+def service_command(policy: str, role: str, config_path: str, group: str | None = None) -> list[str]:
     return serve_argv(role, policy, config=config_path, namespace=NAMESPACE, redis="redis://redis:6379/0", weights="/weights", out="/data",
-                      ops_port=OPS_PORT, grpc_port=GRPC_PORT if role == "rollout" else None)
+                      ops_port=OPS_PORT, grpc_port=GRPC_PORT if role == "rollout" else None, weights_group=group)
 
 
 def _signing_keys(policy: str, role: str, policies: list[str]) -> str:
@@ -47,13 +52,13 @@ def _signing_keys(policy: str, role: str, policies: list[str]) -> str:
     return ",".join(f"{s}={_secret(key_env(s))}" for s in dict.fromkeys([own, *services_read(policy, role, policies)]))
 
 
-def _policy_service(policy: str, role: str, profile: str, config_file: str, policies: list[str]) -> dict[str, Any]:
+def _policy_service(policy: str, role: str, profile: str, config_file: str, policies: list[str], group: str | None = None) -> dict[str, Any]:
     flavor = "cpu" if profile == "cpu" else "cuda"
     svc: dict[str, Any] = {
         "image": IMAGE.format(flavor=flavor),
         "build": {"context": ".", "args": {"FLAVOR": flavor}},
         "profiles": [profile],
-        "command": service_command(policy, role, "/etc/mutualrl/config.yaml"),
+        "command": service_command(policy, role, "/etc/mutualrl/config.yaml", group),
         # its own Redis identity (the ACL lets it append only to its own streams) and signing key
         "environment": {SEE_KEYS_ENV: _signing_keys(policy, role, policies), "MUTUALRL_OPS_PORT": str(OPS_PORT), "MUTUALRL_REDIS_USERNAME": f"{policy}.{role}",
                         "MUTUALRL_REDIS_PASSWORD": _secret(password_env(f"{policy}.{role}"))},
@@ -96,7 +101,7 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
     for p in cpu_cfg.policies:
         for role in ("rollout", "learner"):
             name = service_name(p.name, role, "cpu")
-            services[name] = _policy_service(p.name, role, "cpu", cpu_file, [q.name for q in cpu_cfg.policies])
+            services[name] = _policy_service(p.name, role, "cpu", cpu_file, [q.name for q in cpu_cfg.policies], weights_group(cpu_cfg, p.name, "cpu"))
             policy_services.append(name)
     plan = plan_gpu_host(demands_from_config(gpu_cfg), gpus, cores=8 * len(gpu_cfg.policies))
     for p in gpu_cfg.policies:
@@ -114,11 +119,12 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
             "deploy": _reservation(rollout_ids),
             "labels": {"mutualrl.io/policy": p.name, "mutualrl.io/role": "engine"},
         }
-        rollout = _policy_service(p.name, "rollout", "gpu", gpu_file, [q.name for q in gpu_cfg.policies])
+        group = weights_group(gpu_cfg, p.name, "gpu")
+        rollout = _policy_service(p.name, "rollout", "gpu", gpu_file, [q.name for q in gpu_cfg.policies], group)
         rollout["depends_on"] = {"redis": {"condition": "service_healthy"}, f"vllm-{p.name}": {"condition": "service_healthy"}}
         rollout["volumes"].append("./models:/models:ro")
         services[service_name(p.name, "rollout", "gpu")] = rollout
-        learner = _policy_service(p.name, "learner", "gpu", gpu_file, [q.name for q in gpu_cfg.policies])
+        learner = _policy_service(p.name, "learner", "gpu", gpu_file, [q.name for q in gpu_cfg.policies], group)
         learner["volumes"].append("./models:/models:ro")
         learner["deploy"] = _reservation(learner_ids)
         services[service_name(p.name, "learner", "gpu")] = learner

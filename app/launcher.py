@@ -144,11 +144,13 @@ class Supervisor:
         cfg, out = self.cfg, self.out
         specs = []
         for p in cfg.policies:
+            # the collective transport: the learner hosts its weight group's rendezvous on a port of its own
+            group = f"{cfg.launcher.host}:{free_port()}" if cfg.weights.transport == "collective" else None
             for role in ("rollout", "learner"):
                 ops, grpc_port = free_port(), (free_port() if role == "rollout" else 0)
                 argv = [sys.executable, "-m", "mutualrl.app.cli", *serve_argv(
                     role, p.name, config=str(out / "config.yaml"), namespace=namespace, redis=url, weights=str(out / "weights"), out=str(out),
-                    ops_port=ops, grpc_port=grpc_port if role == "rollout" else None)]
+                    ops_port=ops, grpc_port=grpc_port if role == "rollout" else None, weights_group=group)]
                 specs.append(Service(f"{p.name}.{role}", role, p.name, argv, ops, grpc_port, log_path=out / "logs" / f"{p.name}.{role}.log"))
         return specs
 

@@ -103,7 +103,8 @@ class ResourcesConfig(_Strict):
 
     rollout_tp: int = Field(1, ge=1, le=64, description="Tensor-parallel size of one rollout engine replica (a TP group never spans nodes).")
     rollout_replicas: int = Field(1, ge=1, description="Minimum rollout replicas; MWRA may add more.")
-    learner_gpus: int = Field(1, ge=1, description="Minimum GPUs of the learner (FSDP ranks).")
+    learner_gpus: int = Field(1, ge=1, description="Minimum GPUs of the learner: its FSDP ranks (on a CPU host, this many gloo ranks).")
+    activation_checkpointing: bool = Field(False, description="A sharded learner recomputes each block's activations in backward (GPU memory for time).")
     max_gpus: Optional[int] = Field(None, ge=2, description="GPUs beyond which this policy gets no faster; None = no limit.")
     granularity: int = Field(1, ge=1, description="GPUs are added to this policy in units of this many.")
     scaling_efficiency: float = Field(1.0, gt=0, le=1, description="eta: speed on g GPUs is 1 + eta*(g-1).")
@@ -320,6 +321,20 @@ class CheckpointConfig(_Strict):
                                              "and a crash redoes the steps since the last one (a 7B learner need not write its state every step).")
 
 
+class WeightsConfig(_Strict):
+    """How a learner's new weights reach its rollout engine (docs/architecture.md, "Weight transport")."""
+
+    transport: Literal["filesystem", "collective"] = Field(
+        "filesystem", description="filesystem: a safetensors checkpoint per version in a shared directory; collective: broadcast from the "
+        "learner into the engine's workers over a process group of their own (NCCL on GPUs, gloo on CPU), nothing written to disk. "
+        "`mutualrl run` keeps both ends in one process and passes weights in memory either way.")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collective: the group's backend; auto = nccl when the engine runs on "
+                                                     "a GPU (vllm/sglang, or hf on cuda), gloo otherwise. A vLLM server always takes NCCL.")
+    port: int = Field(29600, ge=1024, le=65535, description="collective, outside `mutualrl up` (compose, Helm): the learner hosts the group's "
+                      "rendezvous on this port; `up` picks a free port per policy.")
+    timeout_s: float = Field(600.0, gt=0, description="collective: how long the two ends wait for each other (rendezvous and each version).")
+
+
 class LauncherConfig(_Strict):
     """How `mutualrl up` runs the services (`mutualrl run` ignores all but `kind`)."""
 
@@ -385,6 +400,7 @@ class ExperimentConfig(_Strict):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     mwra: MwraConfig = Field(default_factory=MwraConfig)
 
     @property
@@ -400,6 +416,18 @@ class ExperimentConfig(_Strict):
         if dup:
             raise ValueError(f"policy names must be unique; repeated: {', '.join(sorted(dup))}")
         return v
+
+    @model_validator(mode="after")
+    def _collective_fits(self) -> "ExperimentConfig":
+        if self.weights.transport != "collective":
+            return self
+        for p in self.policies:
+            if p.resources.rollout_replicas > 1:
+                raise ValueError(f"policy {p.name}: weights.transport collective serves one rollout engine per policy "
+                                 f"(resources.rollout_replicas is {p.resources.rollout_replicas}); use the filesystem transport for replicas")
+            if p.engine.backend == "vllm" and self.weights.backend == "gloo":
+                raise ValueError(f"policy {p.name}: a vLLM server takes weights over NCCL only (weights.backend gloo)")
+        return self
 
     @model_validator(mode="after")
     def _sharing_needs_peers(self) -> "ExperimentConfig":

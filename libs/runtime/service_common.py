@@ -31,6 +31,7 @@ class ServiceArgs:
     out_dir: Path
     ops_port: int = 0
     grpc_port: int = 0
+    weights_group: str | None = None  # collective transport: the learner's rendezvous, host:port
 
 
 class JsonFormatter(logging.Formatter):

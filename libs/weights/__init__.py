@@ -2,6 +2,20 @@
 the learner writes, rollout services read; neither imports the other)."""
 
 from mutualrl.weights.store import WeightStore, verify_checksum
-from mutualrl.weights.transport import CollectiveTransport, WeightTransport, tensor_checksum, weight_group
+from mutualrl.weights.transport import (
+    COLLECTIVE_SCHEME,
+    CollectiveReceiver,
+    CollectiveSender,
+    GroupChannel,
+    TensorManifest,
+    WeightTransport,
+    collective_uri,
+    hf_receiver,
+    hf_sender,
+    parse_collective_uri,
+    tensor_checksum,
+    weight_group,
+)
 
-__all__ = ["CollectiveTransport", "WeightStore", "WeightTransport", "tensor_checksum", "verify_checksum", "weight_group"]
+__all__ = ["COLLECTIVE_SCHEME", "CollectiveReceiver", "CollectiveSender", "GroupChannel", "TensorManifest", "WeightStore", "WeightTransport", "collective_uri", "hf_receiver", "hf_sender",
+           "parse_collective_uri", "tensor_checksum", "verify_checksum", "weight_group"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from mutualrl.weights.transport import tensor_checksum
+from mutualrl.weights.transport import Announce, TensorManifest, tensor_checksum
 
 
 def _checksum(state: dict[str, torch.Tensor]) -> str:
@@ -68,7 +68,13 @@ class WeightStore:
             os.replace(tmp, final)
         return str(final), checksum
 
-    def get(self, uri: str, checksum: str | None = None) -> dict[str, torch.Tensor]:
+    def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce, model_config=None) -> tuple[str, str]:
+        """Write the version, then announce it: a reader never sees a version that is not durable."""
+        uri, checksum = self.put(policy, version, state, model_config=model_config)
+        announce(uri, checksum, None)
+        return uri, checksum
+
+    def get(self, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
         if uri.startswith("inproc://"):
             policy, _, version = uri.removeprefix("inproc://").rpartition("/")
             with self._lock:

@@ -1,40 +1,87 @@
 """Weight transport behind one interface: how a learner's versioned weights reach its rollout engines.
 
 Every transport offers what the learner and the engines call (docs/architecture.md, "One
-training step"): ``put(policy, version, state, model_config) -> (uri, checksum)`` on the learner,
-``get(uri, checksum) -> state`` on the engine (the URI and checksum travel in the signed
-``WeightsPublished`` message), and ``acknowledge(policy, version)`` once a version is served.
+training step"): ``publish(policy, version, state, announce)`` on the learner, ``get(uri,
+checksum, manifest)`` on the engine, and ``acknowledge(policy, version)`` once a version is
+served. The transport decides *when* it announces, because the two kinds need opposite orders:
 
 - :class:`~mutualrl.weights.store.WeightStore` (``filesystem``): a safetensors checkpoint per
-  version in a shared directory (or memory, embedded); the integrity check runs once per version.
-- :class:`CollectiveTransport` (``nccl``; ``gloo`` on CPU): the learner broadcasts the tensors
-  into the engine's workers over a process group of its own — no file is written or hashed on
-  disk. Per version: a header (policy, version, names, dtypes, shapes, checksum) and then every
-  tensor, in order, from rank 0; the engine checks the announced version and checksum. This is
-  the protocol SGLang's ``/update_weights_from_distributed`` and vLLM's NCCL weight transfer
-  speak (names, dtypes and shapes, then one broadcast per tensor); here an HF engine is the
-  receiver, so CI exercises it over gloo.
+  version in a shared directory (or memory, embedded); written first, then announced, so a
+  reader never sees a version that is not durable. The integrity check runs once per version.
+- :class:`CollectiveSender` / :class:`CollectiveReceiver` (``collective``: NCCL on GPUs, gloo on
+  CPU): nothing is written or hashed on disk. The learner announces first — the signed
+  ``WeightsPublished`` carries the checksum and the manifest (names, dtypes, shapes, in order)
+  — and then broadcasts every tensor, in manifest order, from rank 0 of a process group of its
+  own; each broadcast returns once every receiver took the tensor. That is the wire of SGLang's
+  ``/update_weights_from_distributed`` and vLLM's NCCL weight transfer (one broadcast per
+  tensor of a names/dtypes/shapes list announced out of band), and of our HF engine's
+  :class:`CollectiveReceiver`, which CI runs over gloo.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import json
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
+from mutualrl.v1 import experience_pb2 as pb
+
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool)}
+COLLECTIVE_SCHEME = "collective://"
+
+
+@dataclass(frozen=True)
+class TensorManifest:
+    """The tensors of one broadcast version, in the order they are sent."""
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, state: dict[str, torch.Tensor]) -> "TensorManifest":
+        names = tuple(state)
+        return cls(names, tuple(str(state[k].dtype).removeprefix("torch.") for k in names), tuple(tuple(state[k].shape) for k in names))
+
+    def __post_init__(self) -> None:
+        if not (len(self.names) == len(self.dtypes) == len(self.shapes)):
+            raise ValueError(f"manifest lists differ in length: {len(self.names)} names, {len(self.dtypes)} dtypes, {len(self.shapes)} shapes")
+        unknown = sorted({d for d in self.dtypes if d not in _DTYPES})
+        if unknown:
+            raise ValueError(f"manifest names unsupported dtypes {unknown}")
+
+    def to_proto(self) -> list[pb.TensorSpec]:
+        return [pb.TensorSpec(name=n, dtype=d, shape=list(s)) for n, d, s in zip(self.names, self.dtypes, self.shapes)]
+
+    @classmethod
+    def from_proto(cls, specs) -> "TensorManifest | None":
+        """The manifest of an announcement, or None when it carries none (the filesystem transport)."""
+        specs = list(specs)
+        if not specs:
+            return None
+        return cls(tuple(t.name for t in specs), tuple(t.dtype for t in specs), tuple(tuple(int(x) for x in t.shape) for t in specs))
+
+    def empty(self, device: str = "cpu") -> list[torch.Tensor]:
+        return [torch.empty(shape, dtype=_DTYPES[d], device=device) for d, shape in zip(self.dtypes, self.shapes)]
+
+    def byte_count(self) -> int:
+        return sum(torch.empty((), dtype=_DTYPES[d]).element_size() * int(torch.Size(s).numel()) for d, s in zip(self.dtypes, self.shapes))
+
+
+Announce = Callable[[str, str, "TensorManifest | None"], None]
+"""``announce(uri, checksum, manifest)``: publish the signed ``WeightsPublished`` (the manifest is
+None for the filesystem transport)."""
 
 
 class WeightTransport(Protocol):
     """What a learner publishes weights through and a rollout engine loads them from."""
 
-    def put(self, policy: str, version: int, state: dict[str, torch.Tensor], model_config=None) -> tuple[str, str]: ...
+    def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce, model_config=None) -> tuple[str, str]: ...
 
-    def get(self, uri: str, checksum: str | None = None) -> dict[str, torch.Tensor]: ...
+    def get(self, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]: ...
 
     def acknowledge(self, policy: str, version: int) -> None: ...
 
@@ -48,87 +95,142 @@ def tensor_checksum(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def weight_group(host: str, port: int, rank: int, world: int, backend: str = "gloo", timeout_s: float = 300.0) -> dist.ProcessGroup:
-    """A process group for weight updates only (rank 0 the learner, 1.. the engine workers), apart
-    from any training group, over a TCP rendezvous at ``host:port`` that rank 0 hosts."""
+def collective_uri(policy: str, version: int) -> str:
+    return f"{COLLECTIVE_SCHEME}{policy}/{version}"
+
+
+def parse_collective_uri(uri: str) -> tuple[str, int]:
+    if not uri.startswith(COLLECTIVE_SCHEME):
+        raise ValueError(f"{uri}: not a collective weights URI")
+    policy, _, version = uri.removeprefix(COLLECTIVE_SCHEME).rpartition("/")
+    if not policy or not version.isdigit():
+        raise ValueError(f"{uri}: expected collective://<policy>/<version>")
+    return policy, int(version)
+
+
+def rendezvous_store(host: str, port: int, world: int, is_master: bool, timeout_s: float = 300.0) -> dist.TCPStore:
+    """The TCP store of a weight group: rank 0 (the learner) hosts it, receivers connect to it."""
+    return dist.TCPStore(host, port, world, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def weight_group(host: str, port: int, rank: int, world: int, backend: str = "gloo", timeout_s: float = 300.0,
+                 store: dist.Store | None = None, prefix: str = "mutualrl-weights") -> dist.ProcessGroup:
+    """A process group for weight updates only (rank 0 the learner, 1.. the HF engine receivers),
+    apart from any training group, over a TCP rendezvous at ``host:port`` that rank 0 hosts.
+    ``store``: an open store to reuse (the learner keeps its server across versions); ``prefix``
+    keeps the groups built on one store apart."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.PrefixStore("mutualrl-weights", dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=timeout))
+    base = store if store is not None else rendezvous_store(host, port, world, rank == 0, timeout_s)
+    scoped = dist.PrefixStore(prefix, base)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world, timeout)
+        return dist.ProcessGroupGloo(scoped, rank, world, timeout)
     if backend == "nccl":
-        return dist.ProcessGroupNCCL(store, rank, world)
+        return dist.ProcessGroupNCCL(scoped, rank, world)
     raise ValueError(f"weight group backend must be gloo or nccl; got {backend!r}")
 
 
-class CollectiveTransport:
-    """Broadcast weights from the learner (rank 0 of ``group``) into engine workers (ranks 1..).
+class BroadcastChannel(Protocol):
+    """One group the learner broadcasts into (rank 0 the source)."""
 
-    ``put`` (learner) returns once every receiver has the tensors; ``get`` (engine) blocks until the
-    learner sends. The receiver takes every tensor before it checks anything, so a refused
-    version never leaves the sender hanging; it refuses a header other than the announced
-    policy and version, a version not newer than the one it serves, and a checksum other than
-    the announced one or than the bytes it received (ValueError)."""
+    def broadcast(self, tensor: torch.Tensor) -> None: ...
 
-    def __init__(self, group: dist.ProcessGroup, rank: int, device: str = "cpu"):
+
+class GroupChannel:
+    """A ``torch.distributed`` process group, rank 0 the source (our receivers and SGLang's)."""
+
+    def __init__(self, group: dist.ProcessGroup):
         self.group = group
-        self.rank = rank
-        self.device = device
-        self.root = None  # nothing on disk (the learner's `model_config` is not needed)
-        self.last_version: dict[str, int] = {}
 
-    def _broadcast(self, t: torch.Tensor) -> None:
+    def broadcast(self, tensor: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.group.broadcast([t], opts).wait()
+        self.group.broadcast([tensor], opts).wait()
 
-    def _send_header(self, header: dict) -> None:
-        data = torch.tensor(list(json.dumps(header).encode()), dtype=torch.uint8)
-        self._broadcast(torch.tensor([data.numel()], dtype=torch.int64))
-        self._broadcast(data)
 
-    def _recv_header(self) -> dict:
-        n = torch.zeros(1, dtype=torch.int64)
-        self._broadcast(n)
-        data = torch.zeros(int(n.item()), dtype=torch.uint8)
-        self._broadcast(data)
-        return json.loads(bytes(data.tolist()).decode())
+class CollectiveSender:
+    """The learner's end: announce, then broadcast every tensor in manifest order. ``publish``
+    returns once every receiver took every tensor.
 
-    def put(self, policy: str, version: int, state: dict[str, torch.Tensor], model_config=None) -> tuple[str, str]:
-        if self.rank != 0:
-            raise RuntimeError("only rank 0 (the learner) sends weights")
+    ``connect(version)`` gives the channel a version travels on: one long-lived group for a
+    vLLM/SGLang server (its workers join once, through the engine's route), or a fresh group per
+    version for our HF receivers (:func:`hf_sender`) — so a restarted learner or rollout service
+    simply meets the other end at the next version, and nothing waits on a dead peer's group."""
+
+    def __init__(self, connect: Callable[[int], BroadcastChannel], device: str = "cpu"):
+        self.connect = connect
+        self.device = device  # where tensors are broadcast from (the NCCL device on GPUs)
+        self.root = None  # nothing on disk: the learner's `model_config` is not needed
+
+    def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce, model_config=None) -> tuple[str, str]:
         cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-        checksum = tensor_checksum(cpu)
-        names = list(cpu)
-        self._send_header({"policy": policy, "version": version, "checksum": checksum, "names": names,
-                           "dtypes": [str(cpu[k].dtype).removeprefix("torch.") for k in names], "shapes": [list(cpu[k].shape) for k in names]})
-        for k in names:
-            self._broadcast(cpu[k].to(self.device) if self.device != "cpu" else cpu[k])
-        self.last_version[policy] = version
-        return f"collective://{policy}/{version}", checksum
+        checksum, manifest, uri = tensor_checksum(cpu), TensorManifest.of(cpu), collective_uri(policy, version)
+        announce(uri, checksum, manifest)  # receivers start taking tensors from here
+        channel = self.connect(version)
+        for name in manifest.names:
+            channel.broadcast(cpu[name] if self.device == "cpu" else cpu[name].to(self.device))
+        return uri, checksum
 
-    def get(self, uri: str, checksum: str | None = None) -> dict[str, torch.Tensor]:
-        if not uri.startswith("collective://"):
-            raise ValueError(f"{uri}: not a collective weights URI")
-        policy, _, version = uri.removeprefix("collective://").rpartition("/")
-        header = self._recv_header()
-        unknown = [d for d in header["dtypes"] if d not in _DTYPES]
-        if unknown:
-            raise ValueError(f"{uri}: unsupported dtypes {unknown}")
+    def get(self, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
+        raise RuntimeError("the learner's end of a collective transport sends; it does not read weights")
+
+    def acknowledge(self, policy: str, version: int) -> None:
+        """Nothing is kept between versions."""
+
+
+class CollectiveReceiver:
+    """An HF engine's end: joins the announced version's group, takes every tensor, then checks.
+
+    Every tensor is taken before anything is checked, so a refused version never leaves the
+    learner hanging; it refuses a version not newer than the one it serves and bytes whose
+    checksum differs from the announced one (ValueError)."""
+
+    def __init__(self, connect: Callable[[int], dist.ProcessGroup], device: str = "cpu"):
+        self.connect = connect
+        self.device = device
+        self.root = None
+        self.last_version: dict[str, int] = {}
+
+    def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce, model_config=None) -> tuple[str, str]:
+        raise RuntimeError("an engine's end of a collective transport receives; only the learner publishes")
+
+    def get(self, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
+        policy, version = parse_collective_uri(uri)
+        if manifest is None:
+            raise ValueError(f"{uri}: a collective version needs the announced manifest (names, dtypes, shapes)")
+        channel = GroupChannel(self.connect(version))
         state = {}
-        for name, dtype, shape in zip(header["names"], header["dtypes"], header["shapes"]):
-            t = torch.empty(shape, dtype=_DTYPES[dtype], device=self.device)
-            self._broadcast(t)
-            state[name] = t.cpu() if self.device != "cpu" else t
-        if header["policy"] != policy or int(header["version"]) != int(version):
-            raise ValueError(f"{uri}: the learner sent {header['policy']} v{header['version']}")
-        if int(version) <= self.last_version.get(policy, 0):
+        for name, t in zip(manifest.names, manifest.empty(self.device)):
+            channel.broadcast(t)
+            state[name] = t if self.device == "cpu" else t.cpu()
+        if version <= self.last_version.get(policy, 0):
             raise ValueError(f"{uri}: version {version} is not newer than the served {self.last_version[policy]}")
-        if checksum and header["checksum"] != checksum:
-            raise ValueError(f"{uri}: announced checksum differs from the one sent")
-        if tensor_checksum(state) != header["checksum"]:
-            raise ValueError(f"checksum mismatch for {uri}")
-        self.last_version[policy] = int(version)
+        if checksum and tensor_checksum(state) != checksum:
+            raise ValueError(f"checksum mismatch for {uri}: the bytes received are not the announced version")
+        self.last_version[policy] = version
         return state
 
     def acknowledge(self, policy: str, version: int) -> None:
         """Nothing is kept between versions."""
+
+
+def hf_sender(host: str, port: int, receivers: int = 1, backend: str = "gloo", timeout_s: float = 300.0, device: str = "cpu") -> CollectiveSender:
+    """The learner's end for HF engine receivers: it hosts the rendezvous store (opened on the
+    first version) and builds a fresh group per version under the prefix ``v<version>``."""
+    store: list[dist.TCPStore] = []
+
+    def connect(version: int) -> BroadcastChannel:
+        if not store:
+            store.append(rendezvous_store(host, port, 1 + receivers, True, timeout_s))
+        return GroupChannel(weight_group(host, port, 0, 1 + receivers, backend, timeout_s, store=store[0], prefix=f"v{version}"))
+
+    return CollectiveSender(connect, device)
+
+
+def hf_receiver(host: str, port: int, rank: int = 1, receivers: int = 1, backend: str = "gloo", timeout_s: float = 300.0,
+                device: str = "cpu") -> CollectiveReceiver:
+    """An HF engine's end: for each announced version it connects to the learner's store and joins
+    that version's group."""
+    def connect(version: int) -> dist.ProcessGroup:
+        return weight_group(host, port, rank, 1 + receivers, backend, timeout_s, prefix=f"v{version}")
+
+    return CollectiveReceiver(connect, device)

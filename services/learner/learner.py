@@ -27,9 +27,21 @@ from mutualrl.services.learner.objective import OWN, PEER, Rows, right_aligned
 from mutualrl.services.learner.strategies import make_strategy
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
 from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
-from mutualrl.weights import WeightStore
+from mutualrl.weights import WeightTransport
 from mutualrl.tasks import Problem
 from mutualrl.v1 import experience_pb2 as pb
+
+
+@dataclass
+class StepInputs:
+    """What one step's update is made of, once gathered and scored: the rows (own, then peer),
+    their advantages and HACPO weights, and the SGT rescues. Plain data, so one rank of a
+    sharded learner gathers it and the others receive it."""
+    step: int
+    rows: Rows
+    advantages: torch.Tensor
+    omega: torch.Tensor
+    rescues: list
 
 
 @dataclass
@@ -53,7 +65,7 @@ class Learner:
         tokenizer: PreTrainedTokenizerBase,
         exchange: ExperienceExchange,
         intake: PeerIntake,
-        store: WeightStore,
+        store: WeightTransport,
         settings: LearnerSettings,
         peers: list[str],
         ref_model: PreTrainedModel | None = None,
@@ -279,9 +291,26 @@ class Learner:
                 reward=r.reward, prompt_id=r.prompt_id, source=r.source_policy, kind=PEER, source_mean_logp=r.source_mean_logprob,
             )
 
-    def train_step(self, step: int, problems: list[Problem], commit: bool = True) -> dict:
+    def publish_weights(self, step: int) -> None:
+        """Publish the current weights as the next version (a collective on a sharded learner:
+        every rank gathers, rank 0 publishes). The transport orders write and announcement —
+        filesystem: write, then announce; collective: announce, then broadcast."""
+        self.version += 1
+        weights = full_state_dict(self.model) if self.sharded else self.model.state_dict()
+        if shard_rank() != 0:
+            return
+
+        def announce(uri: str, checksum: str, manifest) -> None:
+            self.ex.publish(pb.WeightsPublished(policy=self.policy, version=self.version, uri=uri, step=step, checksum=checksum,
+                                                tensors=manifest.to_proto() if manifest is not None else []), self.policy, self.version)
+
+        self.store.publish(self.policy, self.version, weights, announce, model_config=self.model.config if self.store.root else None)
+
+    def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None) -> dict:
         """One step. With ``commit=False`` the messages it used stay unacknowledged until
-        :meth:`commit` (a service commits after checkpointing, for lossless resume)."""
+        :meth:`commit` (a service commits after checkpointing, for lossless resume).
+        ``before_update(inputs)`` is called with the gathered :class:`StepInputs` before the
+        optimiser steps (a sharded learner hands them to its other ranks)."""
         t0 = time.monotonic()
         expected = len(problems) * self.s.group_size
         by_id = {p.prompt_id: p for p in problems}
@@ -291,7 +320,6 @@ class Learner:
         if not own:
             return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
         own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))
-        a = self.s.algorithm
         metrics: dict = {}
 
         rows = self._own_rows(own)
@@ -325,6 +353,28 @@ class Learner:
         # ---- advantages once per step, then one update per mini-batch ----
         step_adv = self.strategy.advantages(rows, intake.stats)
         metrics.update(step_adv.metrics)
+        inputs = StepInputs(step, rows, step_adv.advantages, step_adv.omega, rescues)
+        if before_update is not None:
+            before_update(inputs)  # a sharded learner's other ranks take the same update (service.py)
+        losses, grad_norms, per_mb, empty_updates, n_updates = self.apply_update(inputs, stages)
+        # acknowledge only after the update used them (at-least-once; dedup on redelivery)
+        self._to_ack += [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
+        self.last_used = {"own": [r.envelope.message_id for r in own], "peer": [r.envelope.message_id for r in intake.used]}
+        if commit:
+            self.commit()
+        t_sync = time.monotonic()
+        self.publish_weights(step)
+        stages["weight_sync"] = time.monotonic() - t_sync
+        return self._record(step, rows, own, intake, rescues, gate_open, metrics, losses, grad_norms, per_mb, empty_updates, n_updates, stages, t0)
+
+    def apply_update(self, inputs: "StepInputs", stages: dict) -> tuple[list[float], list[float], list[dict], int, int]:
+        """The optimiser steps of one step, one per mini-batch, from inputs a single rank gathered:
+        every rank of a sharded learner runs exactly this (its collectives must match). Returns
+        the losses, gradient norms and diagnostics per mini-batch, the mini-batches skipped for
+        want of signal, and the number of mini-batches; raises FloatingPointError (weights
+        untouched by that update) on a non-finite loss or gradient."""
+        step, rows, rescues = inputs.step, inputs.rows, inputs.rescues
+        a = self.s.algorithm
         kind_all = torch.tensor(rows.kind)
         src_mean_all = torch.tensor(rows.source_mean_logp)
         pad = self.tok.pad_token_id
@@ -355,10 +405,10 @@ class Learner:
                 logp=logp,
                 old_logp=right_aligned(rows.old_logp[sl], T).to(dev),
                 mask=right_aligned(rows.mask[sl], T).to(dev),
-                adv=step_adv.advantages[sl].to(dev),
+                adv=inputs.advantages[sl].to(dev),
                 kind=kind_all[sl],  # host: choosing rows never waits for the device
                 source_mean_logp=src_mean_all[sl].to(dev),
-                omega=step_adv.omega[sl].to(dev),
+                omega=inputs.omega[sl].to(dev),
                 minibatch_index=m,
                 ref_logp=ref_logp,
             )
@@ -392,19 +442,11 @@ class Learner:
                                      f"gradient norm {grad_norms[m]}); that update was not applied")
 
         stages["train"] = time.monotonic() - t_train - stages["logprob"]
-        # acknowledge only after the update used them (at-least-once; dedup on redelivery)
-        self._to_ack += [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
-        self.last_used = {"own": [r.envelope.message_id for r in own], "peer": [r.envelope.message_id for r in intake.used]}
-        if commit:
-            self.commit()
-        self.version += 1
-        t_sync = time.monotonic()
-        weights = full_state_dict(self.model) if self.sharded else self.model.state_dict()  # sharded: every rank gathers
-        if shard_rank() == 0:  # one rank of a sharded learner publishes
-            uri, checksum = self.store.put(self.policy, self.version, weights, model_config=self.model.config if self.store.root else None)
-            self.ex.publish(pb.WeightsPublished(policy=self.policy, version=self.version, uri=uri, step=step, checksum=checksum), self.policy, self.version)
-        stages["weight_sync"] = time.monotonic() - t_sync
+        return losses, grad_norms, per_mb, empty_updates, len(chunks)
 
+    def _record(self, step, rows: Rows, own, intake: IntakeResult, rescues, gate_open, metrics: dict, losses, grad_norms, per_mb,
+                empty_updates: int, n_updates: int, stages: dict, t0: float) -> dict:
+        """The step's metrics record (and the running totals)."""
         for k, v in intake.rejected.items():
             self.totals[f"rejected_{k}"] += v
         peer_used = rows.count(PEER)
@@ -430,7 +472,7 @@ class Learner:
             "kl": kl_value if kl_value is not None else 0.0,
             "clip_frac": metrics.pop("clip_frac", None) if "clip_frac" in metrics else metrics.get("self_clip_frac"),
             "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-            "updates": len(chunks),
+            "updates": n_updates,
             "empty_updates": empty_updates,
             "shared_in": shared_in,
             "peer_rows": peer_used,

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from mutualrl.runtime.stage_metrics import StageMetrics
@@ -32,10 +33,12 @@ from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
 from mutualrl.runtime.policy_setup import evaluate
-from mutualrl.services.learner.setup import service_learner
+from mutualrl.services.learner.ranks import RankGroup, init_group, learner_world, rank_argv, rank_device
+from mutualrl.services.learner.setup import learner_transport, service_learner
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.models.sharding import full_state_dict, shard_policy
 from mutualrl.see import SeeCollector
-from mutualrl.weights import WeightStore
+from mutualrl.see.server import free_port
 from mutualrl.v1 import experience_pb2 as pb
 
 
@@ -93,8 +96,41 @@ def run_learner_service(args: ServiceArgs) -> int:
     log = service_logger(f"{args.policy}.learner")
     ctx = ServiceContext(args)
     cfg, p = ctx.cfg, ctx.policy_cfg
-    store = WeightStore(args.weights_dir)
-    pp, learner = service_learner(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, ctx.exchange, store, lambda s: log.info(s))
+    if cfg.weights.transport == "collective":
+        log.info("hosting the weight group", extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
+    world = learner_world(p)
+    ranks = _start_ranks(args, cfg, p, world, log) if world > 1 else None
+    try:
+        return _serve(args, ctx, log, stop, ranks)
+    finally:
+        if ranks is not None:
+            ranks.stop()
+            dist.destroy_process_group()
+
+
+def _start_ranks(args: ServiceArgs, cfg, p, world: int, log) -> RankGroup:
+    """Rank 0 of a sharded learner: start ranks 1..N-1 and join their group."""
+    port = free_port()
+    log.info("sharded learner", extra={"fields": {"ranks": world, "device": rank_device(p, 0)}})
+    group = RankGroup([*rank_argv(args.config, p.name), "--out", str(args.out_dir)], world, port)
+    init_group(0, world, port, rank_device(p, 0))
+    return group
+
+
+def _shard_fn(cfg, p):
+    on_gpu = p.engine.device.startswith("cuda")
+    return lambda model: shard_policy(model, mixed_precision=on_gpu, activation_checkpointing=p.resources.activation_checkpointing)
+
+
+def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup | None) -> int:
+    cfg, p = ctx.cfg, ctx.policy_cfg
+    store = learner_transport(cfg, ctx.index, args.weights_dir, args.weights_group)
+    pp, learner = service_learner(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, ctx.exchange, store, lambda s: log.info(s),
+                                  shard=_shard_fn(cfg, p) if ranks else None, device=rank_device(p, 0) if ranks else None)
+
+    def tell(command: str, payload=None) -> None:  # the other ranks of a sharded learner do the same next
+        if ranks is not None:
+            ranks.send(command, payload)
     peers = [q.name for q in cfg.policies if q.name != p.name]
 
     state_path = ctx.state_dir / f"{p.name}.learner.state.pt"
@@ -116,6 +152,11 @@ def run_learner_service(args: ServiceArgs) -> int:
             learner.version = int(newest.payload.version)  # versions never repeat: rollout servers may serve newer ones
         log.info("resumed", extra={"fields": {"step": start - 1, "weights_version": learner.version}})
     _write_missing(metrics_path, records)
+    tell("resume", start - 1)
+    if start > 1 and cfg.weights.transport == "collective":
+        # a broadcast version is gone once sent: the (re)joined engine gets the checkpointed weights as a new version
+        tell("publish", start - 1)
+        learner.publish_weights(start - 1)
     if start > 1:  # re-announce the checkpointed step: rollout servers wait on the learner's heartbeat
         ctx.exchange.publish(pb.Heartbeat(role="learner", step=start - 1, version=learner.version, status="ok"), f"{p.name}.learner")
     adopted = learner.adopt_pending(0)
@@ -182,8 +223,9 @@ def run_learner_service(args: ServiceArgs) -> int:
             problems = distributor.batch(step)
             # peers finish the same step within the deadline, or we go on without them
             ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers), cfg.launcher.peer_deadline_s, stop)
-            rec = learner.train_step(step, problems, commit=False)
+            rec = learner.train_step(step, problems, commit=False, before_update=lambda inputs: tell("step", inputs))
             if not rec.get("skipped") and (step % cfg.eval.every == 0 or step == cfg.budget.steps):
+                tell("eval")
                 rec["eval_accuracy"] = evaluate(pp, learner.model, ctx.task, ctx.verifier, cfg)
             ledger[step] = learner.last_used if not rec.get("skipped") else {"own": [], "peer": []}
             stages = {k: v for k, v in (rec.get("stage_seconds") or {}).items() if k != "wait"}
@@ -194,6 +236,7 @@ def run_learner_service(args: ServiceArgs) -> int:
             if step % every == 0 or step == cfg.budget.steps:
                 rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
                 t_ckpt = time.monotonic()
+                tell("checkpoint", step)
                 _save_state(state_path, {"learner": learner.state_dict(), "step": step, "rng": rng, "ledger": ledger, "records": records + unsaved}, step, p.name)
                 stages["checkpoint"] = time.monotonic() - t_ckpt
                 _fault("after_checkpoint", step, ctx.state_dir, p.name)
@@ -244,8 +287,15 @@ def run_learner_service(args: ServiceArgs) -> int:
                             extra={"fields": {"event": f"peer_{ev['action']}", **ev}})
             log.info("step", extra={"fields": {k: rec.get(k) for k in ("step", "reward_mean", "loss", "shared_in", "weights_version", "eval_accuracy")}})
         else:
-            save_checkpoint(args.out_dir / "checkpoints" / p.name, learner.model, pp.arts.tokenizer, learner.opt,
-                            {"step": cfg.budget.steps, "weights_version": learner.version, "policy": p.name, "source": pp.arts.source})
+            tell("final")
+            final_model, final_opt = learner.model, learner.opt
+            if ranks is not None:  # the whole model (a collective), into an unsharded copy; the optimiser stays in the rank shards
+                final_model = type(learner.model)(learner.model.config)
+                final_model.load_state_dict(full_state_dict(learner.model))
+                final_opt = None
+            save_checkpoint(args.out_dir / "checkpoints" / p.name, final_model, pp.arts.tokenizer, final_opt,
+                            {"step": cfg.budget.steps, "weights_version": learner.version, "policy": p.name, "source": pp.arts.source,
+                             "ranks": ranks.world if ranks else 1})
             (ctx.state_dir / f"{p.name}.learner.done").write_text(json.dumps({"step": cfg.budget.steps, "totals": dict(learner.totals)}))
             log.info("budget done")
     finally:

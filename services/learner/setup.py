@@ -13,7 +13,8 @@ from mutualrl.services.learner.learner import Learner, LearnerSettings
 from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
 from mutualrl.tasks import Verifier
 from mutualrl.thl import ThlBudget
-from mutualrl.weights import WeightStore
+from mutualrl.weights import WeightStore, WeightTransport
+from mutualrl.weights.groups import learner_sender, parse_address, resolve_backend
 
 
 def learner_optim(cfg: ExperimentConfig, optim: OptimConfig, n_peers: int) -> OptimConfig:
@@ -28,8 +29,8 @@ def learner_optim(cfg: ExperimentConfig, optim: OptimConfig, n_peers: int) -> Op
 
 
 def make_learner(
-    cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightStore, registry: TokenizerRegistry,
-    verifier: Verifier, peer_deadline_s: float = 5.0,
+    cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightTransport, registry: TokenizerRegistry,
+    verifier: Verifier, peer_deadline_s: float = 5.0, device: str | None = None,
 ) -> Learner:
     p = pp.config
     ref = None
@@ -44,21 +45,42 @@ def make_learner(
     peers = [q.name for q in cfg.policies if q.name != p.name]
     settings = LearnerSettings(
         group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=learner_optim(cfg, p.optim, len(peers)),
-        max_new_tokens=cfg.budget.max_new_tokens, device=p.engine.device, peer_deadline_s=peer_deadline_s,
+        max_new_tokens=cfg.budget.max_new_tokens, device=device or p.engine.device, peer_deadline_s=peer_deadline_s,
     )
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers, ref_model=ref)
 
 
-def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier, cache, exchange: ExperienceExchange, store: WeightStore,
-                    phase=lambda s: None) -> tuple[PreparedPolicy, Learner]:
+def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier, cache, exchange: ExperienceExchange, store: WeightTransport,
+                    phase=lambda s: None, shard=None, device: str | None = None) -> tuple[PreparedPolicy, Learner]:
     """A learner service's learner: its own policy (loaded, warm-started from the cache) and of each
     peer only its tokenizer — THL carries their text — so its memory does not grow with the number
-    or size of its peers (benchmarks/bench_learner_memory.py)."""
+    or size of its peers (benchmarks/bench_learner_memory.py). ``shard(model)`` splits the model
+    over a sharded learner's ranks (services/learner/ranks.py) before its optimiser is built on
+    ``device``."""
     pp = prepare_policy(cfg, index, task, verifier, cache, phase)
+    if shard is not None:
+        pp.arts.model.to(device or pp.config.engine.device)
+        shard(pp.arts.model)
     tokenizers = TokenizerRegistry()
     tokenizers.register(pp.arts.fingerprint, pp.arts.tokenizer)
     for i in range(len(cfg.policies)):
         if i != index:
             tok = peer_tokenizer(cfg, i, task, cache)
             tokenizers.register(tokenizer_fingerprint(tok), tok)
-    return pp, make_learner(cfg, pp, exchange, store, tokenizers, verifier, peer_deadline_s=cfg.launcher.rollout_deadline_s)
+    return pp, make_learner(cfg, pp, exchange, store, tokenizers, verifier, peer_deadline_s=cfg.launcher.rollout_deadline_s, device=device)
+
+
+def learner_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None) -> WeightTransport:
+    """Where the learner publishes weights: the shared directory (filesystem), or the weight group
+    it hosts at ``weights_group`` (collective; for a vLLM/SGLang server this blocks until the
+    server's workers joined)."""
+    if cfg.weights.transport == "filesystem":
+        return WeightStore(weights_dir)
+    p = cfg.policies[index]
+    if not weights_group:
+        raise ValueError(f"{p.name}: weights.transport collective needs the weight group's address (--weights-group host:port)")
+    host, port = parse_address(weights_group)
+    backend = resolve_backend(cfg.weights.backend, p.engine.backend, p.engine.device)
+    receivers = 1 if p.engine.backend == "hf" else p.resources.rollout_tp  # one engine: its TP workers (docs/engines.md §4)
+    device = p.engine.device if p.engine.device.startswith("cuda") else ("cuda" if backend == "nccl" else "cpu")
+    return learner_sender(p.engine.backend, host, port, receivers, backend, cfg.weights.timeout_s, device)

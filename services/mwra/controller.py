@@ -102,7 +102,8 @@ class Controller:
                            {p.name: {"backend": p.engine.backend, "model": p.model.path or "", "tp": p.resources.rollout_tp,
                                      "image": p.resources.engine_image, "args": list(p.resources.engine_args)}
                             for p in cfg.policies if p.engine.backend != "hf"},
-                           redis_users_secret=k.redis_users_secret, see_keys=run_see_keys(cfg))
+                           redis_users_secret=k.redis_users_secret, see_keys=run_see_keys(cfg),
+                           weights_port=cfg.weights.port if cfg.weights.transport == "collective" else None)
             exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=self.ema_alpha))
             self.backend.apply(spec, plan)
             self.experiments[exp_id] = exp

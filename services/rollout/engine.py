@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mutualrl.models.generation import Sample
+from mutualrl.weights import TensorManifest
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,10 @@ class RolloutEngine(ABC):
         ``GenerationCancelled``."""
 
     @abstractmethod
-    def update_weights(self, version: int, uri: str, checksum: str | None = None) -> None:
-        """Load ``version`` from ``uri`` (verifying ``checksum`` when given); returns once it is served."""
+    def update_weights(self, version: int, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> None:
+        """Load ``version`` from ``uri`` (verifying ``checksum`` when given); returns once it is served.
+        A ``collective://`` version comes with the announced ``manifest`` and is taken from the
+        learner's broadcast while it runs."""
 
     @abstractmethod
     def health(self) -> Literal["ok", "starting", "down"]: ...

@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from mutualrl.models.generation import Sample, sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
-from mutualrl.weights import WeightTransport
+from mutualrl.weights import TensorManifest, WeightTransport
 
 
 class HFEngine(RolloutEngine):
@@ -53,10 +53,10 @@ class HFEngine(RolloutEngine):
             )
         return [out[i * spec.n : (i + 1) * spec.n] for i in range(len(prompts))]
 
-    def update_weights(self, version: int, uri: str, checksum: str | None = None) -> None:
+    def update_weights(self, version: int, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> None:
         if version <= self.version:
             raise ValueError(f"weights version {version} is not newer than the served {self.version}")
-        state = self.store.get(uri, checksum)
+        state = self.store.get(uri, checksum, manifest)
         with self._lock:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to embeddings

@@ -1,4 +1,4 @@
-"""vLLM and SGLang rollout backends, driven over their HTTP servers (docs/engines.md §2, §3, §6).
+"""vLLM and SGLang rollout backends, driven over their HTTP servers (docs/engines.md §2, §3, §4, §6).
 
 Neither engine installs on CPU machines, so the adapters speak only HTTP to a
 server started with the documented launch flags, probe its version and
@@ -8,6 +8,10 @@ field sent explicitly, processed log-probs, weights loaded from a checkpoint
 directory inside pause/resume, the prefix cache flushed, and the new version
 published only after the engine reported success. They keep their own
 version counter and report the engine's when it has one.
+
+With the ``collective`` weight transport (docs/engines.md §4) the engine's workers join the
+learner's weight group once (``join_weight_group``) and each version goes through the engine's
+own distributed update route while the learner broadcasts the announced tensors in order.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import requests
 
 from mutualrl.models.generation import GenerationCancelled, Sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
-from mutualrl.weights import verify_checksum
+from mutualrl.weights import COLLECTIVE_SCHEME, TensorManifest, verify_checksum
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -44,6 +48,7 @@ class _HttpEngine(RolloutEngine):
         self._lock = threading.RLock()  # generation waits while a new version loads
         self.engine_version = "?"
         self.capabilities: dict[str, bool] = {}
+        self.group_joined = False
 
     def _url(self, path: str) -> str:
         return f"{self.base}{path}"
@@ -75,13 +80,26 @@ class _HttpEngine(RolloutEngine):
     def info(self) -> EngineInfo:
         return EngineInfo(self.kind, self.engine_version, self.model, self.version, "processed", dict(self.capabilities))
 
-    def _check_newer(self, version: int, uri: str, checksum: str | None) -> None:
+    def _check_newer(self, version: int, uri: str, checksum: str | None, manifest: TensorManifest | None = None) -> bool:
+        """Whether ``uri`` is a collective version (then ``manifest`` is required and the bytes go
+        straight into the engine's workers: the signed announcement is what vouches for them)."""
         if version <= self.version:
             raise ValueError(f"weights version {version} is not newer than the served {self.version}")
+        if uri.startswith(COLLECTIVE_SCHEME):
+            if manifest is None:
+                raise ValueError(f"{uri}: a collective version needs the announced manifest (names, dtypes, shapes)")
+            if not self.group_joined:
+                raise RuntimeError(f"{self.kind} has not joined the learner's weight group (join_weight_group)")
+            return True
         if uri.startswith("inproc://"):
             raise ValueError(f"{self.kind} loads weights from a checkpoint directory every worker can read; got {uri}")
         if checksum:
             verify_checksum(uri, checksum)  # before the engine sees the files
+        return False
+
+    def _version_tuple(self) -> tuple[int, int]:
+        parts = [int(x) for x in self.engine_version.split(".")[:2] if x.isdigit()]
+        return (parts + [0, 0])[0], (parts + [0, 0])[1]
 
 
 class VLLMServerEngine(_HttpEngine):
@@ -143,9 +161,55 @@ class VLLMServerEngine(_HttpEngine):
             groups.append(group)
         return groups
 
-    def update_weights(self, version: int, uri: str, checksum: str | None = None) -> None:
-        """pause(keep) → collective_rpc reload_weights → reset_prefix_cache → update_weight_version → resume."""
-        self._check_newer(version, uri, checksum)
+    def weight_receivers(self) -> int:
+        """The engine's workers (TP × PP × DP), from ``GET /get_world_size?include_dp=true`` (≥0.16)."""
+        resp = self._get("/get_world_size", params={"include_dp": "true"})
+        if resp.status_code == 404:
+            raise EngineUnavailable(f"vLLM {self.engine_version} at {self.base} has no /get_world_size: the NCCL weight transfer needs "
+                                    "vLLM >= 0.16 started with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\":\"nccl\"}'")
+        return int(self._ok(resp, "get_world_size")["world_size"])
+
+    def _packed_in_init(self) -> bool:
+        return self._version_tuple() >= (0, 28)  # vLLM 0.28 moved `packed` from update_info to init_info (§5)
+
+    def join_weight_group(self, master_address: str, master_port: int, world_size: int, timeout_s: float | None = None) -> None:
+        """``POST /init_weight_transfer_engine``: every worker joins the learner's NCCL group at
+        ranks 1.. (blocks until the learner, rank 0, joins too)."""
+        init = {"master_address": master_address, "master_port": master_port, "rank_offset": 1, "world_size": world_size}
+        if self._packed_in_init():
+            init["packed"] = False  # one broadcast per tensor: the wire every receiver of ours speaks
+        self._ok(self._post("/init_weight_transfer_engine", {"init_info": init}, timeout=timeout_s or self.timeout), "init_weight_transfer_engine")
+        self.group_joined = True
+
+    def _update_from_group(self, version: int, manifest: TensorManifest) -> None:
+        """pause(keep) → start_weight_update → update_weights (the learner broadcasts meanwhile) →
+        finish_weight_update(version) → reset_prefix_cache → resume."""
+        info: dict = {"names": list(manifest.names), "dtype_names": list(manifest.dtypes), "shapes": [list(s) for s in manifest.shapes]}
+        if not self._packed_in_init():
+            info["packed"] = False
+        four_phase = self._version_tuple() >= (0, 22)
+        self._ok(self._post("/pause", params={"mode": "keep"}), "pause")
+        try:
+            if four_phase:
+                self._ok(self._post("/start_weight_update", {}), "start_weight_update")
+            self._ok(self._post("/update_weights", {"update_info": info}), "update_weights")
+            if four_phase:
+                self._ok(self._post("/finish_weight_update", {"weight_version": str(version)} if self.capabilities.get("weight_version") else {}),
+                         "finish_weight_update")
+            self._ok(self._post("/reset_prefix_cache"), "reset_prefix_cache")
+            if self.capabilities.get("weight_version") and not four_phase:
+                self._ok(self._post("/update_weight_version", {"new_version": str(version)}), "update_weight_version")
+        finally:
+            self._ok(self._post("/resume"), "resume")
+
+    def update_weights(self, version: int, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> None:
+        """pause(keep) → collective_rpc reload_weights → reset_prefix_cache → update_weight_version → resume
+        (a checkpoint directory), or the NCCL weight-transfer sequence (a collective version)."""
+        if self._check_newer(version, uri, checksum, manifest):
+            with self._lock:
+                self._update_from_group(version, manifest)  # type: ignore[arg-type]
+                self.version = version
+            return
         with self._lock:
             self._ok(self._post("/pause", params={"mode": "keep"}), "pause")
             try:
@@ -221,16 +285,40 @@ class SGLangServerEngine(_HttpEngine):
             groups.append(group)
         return groups
 
-    def update_weights(self, version: int, uri: str, checksum: str | None = None) -> None:
-        """pause_generation → update_weights_from_disk (carrying weight_version, flushing the cache) → continue_generation."""
-        self._check_newer(version, uri, checksum)
+    GROUP_NAME = "weight_update_group"
+
+    def weight_receivers(self) -> int:
+        """The server's workers: ``tp_size × dp_size`` from ``/server_info``."""
+        resp = self._get("/server_info")
+        if resp.status_code == 404:
+            resp = self._get("/get_server_info")
+        info = self._ok(resp, "server_info")
+        return int(info.get("tp_size", 1)) * int(info.get("dp_size", 1) or 1)
+
+    def join_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str = "nccl", timeout_s: float | None = None) -> None:
+        """``POST /init_weights_update_group``: the workers join the learner's group at ranks 1..
+        (blocks until the learner, rank 0, joins too)."""
+        body = {"master_address": master_address, "master_port": master_port, "rank_offset": 1, "world_size": world_size,
+                "group_name": self.GROUP_NAME, "backend": backend}
+        self._ok(self._post("/init_weights_update_group", body, timeout=timeout_s or self.timeout), "init_weights_update_group")
+        self.group_joined = True
+
+    def update_weights(self, version: int, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> None:
+        """pause_generation → update_weights_from_disk, or update_weights_from_distributed while the
+        learner broadcasts (both carrying weight_version, flushing the cache) → continue_generation."""
+        collective = self._check_newer(version, uri, checksum, manifest)
+        if collective:
+            assert manifest is not None
+            route = "/update_weights_from_distributed"
+            body = {"names": list(manifest.names), "dtypes": list(manifest.dtypes), "shapes": [list(s) for s in manifest.shapes],
+                    "group_name": self.GROUP_NAME, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False}
+        else:
+            route = "/update_weights_from_disk"
+            body = {"model_path": uri, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False}
         with self._lock:
             paused = self._post("/pause_generation", {"mode": "in_place"}, timeout=60).status_code == 200
             try:
-                self._ok(
-                    self._post("/update_weights_from_disk", {"model_path": uri, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False}),
-                    "update_weights_from_disk",
-                )
+                self._ok(self._post(route, body), route.lstrip("/"))
             finally:
                 if paused:
                     self._ok(self._post("/continue_generation", {}), "continue_generation")

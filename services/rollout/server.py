@@ -164,6 +164,9 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
                     raise RequestError(grpc.StatusCode.UNAUTHENTICATED, "UpdateWeights needs the run's bearer token (authorization metadata)")
             if not request.uri:
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "uri is required")
+            if request.uri.startswith("collective://"):
+                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "a collective version is taken from the learner's broadcast when it is "
+                                   "announced on SEE; UpdateWeights loads checkpoint directories only")
             if request.version <= current:
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"version {request.version} is not newer than the served {current}")
             if self.announced is not None:

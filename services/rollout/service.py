@@ -9,6 +9,7 @@ it has not finished loading). After a restart it resumes at the learner's next s
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -21,9 +22,9 @@ from mutualrl.runtime.policy_setup import prepare_policy
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
-from mutualrl.services.rollout.factory import build_engine
+from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
-from mutualrl.weights import WeightStore
+from mutualrl.weights import TensorManifest
 from mutualrl.v1 import experience_pb2 as pb
 
 
@@ -33,8 +34,12 @@ def run_rollout_service(args: ServiceArgs) -> int:
     ctx = ServiceContext(args)
     cfg, p = ctx.cfg, ctx.policy_cfg
     pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s))
-    store = WeightStore(args.weights_dir)
-    engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source)
+    collective = cfg.weights.transport == "collective"
+    if collective:
+        log.info("joining the learner's weight group", extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
+    store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group)
+    engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source, collective=collective)
+    join_engine_group(cfg, ctx.index, engine, args.weights_group)
     registry = CollectorRegistry()
     def announced() -> tuple[int, str] | None:
         wp = ctx.exchange.last("weights_published", p.name)
@@ -69,19 +74,68 @@ def run_rollout_service(args: ServiceArgs) -> int:
     step = ctx.last_step("learner") + 1
     log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step}})
 
-    def load_newest() -> None:
-        wp = ctx.exchange.last("weights_published", p.name)
-        if wp is not None and wp.payload.version > engine.info().weights_version:
-            engine.update_weights(int(wp.payload.version), wp.payload.uri, wp.payload.checksum or None)
-            store.acknowledge(p.name, int(wp.payload.version))
-            servicer.metrics.version.labels(p.name, "rollout").set(wp.payload.version)
-            log.info("weights loaded", extra={"fields": {"version": int(wp.payload.version)}})
+    refused_c = Counter("mutualrl_weights_refused", "Announced weights versions this engine refused (checksum, shape, version order).",
+                        ["policy"], registry=registry)
+    weights = {"handled": 0}  # the newest announced version loaded or refused
 
+    def load_newest() -> None:
+        """Load the newest announced version. A collective one must be taken while the learner
+        broadcasts it, so this runs on its own thread (:func:`follow`); a refused version is
+        counted and logged, and the engine keeps serving the one before."""
+        wp = ctx.exchange.last("weights_published", p.name)
+        if wp is None:
+            return
+        version = int(wp.payload.version)
+        if version <= max(weights["handled"], engine.info().weights_version):
+            return
+        if collective and not broadcast_pending(wp):
+            # announced before this service joined and already sent: only a newer version can be taken
+            log.warning("weights version missed (broadcast before this service started)", extra={"fields": {"version": version}})
+            weights["handled"] = version
+            return
+        try:
+            engine.update_weights(version, wp.payload.uri, wp.payload.checksum or None, TensorManifest.from_proto(wp.payload.tensors))
+        except (ValueError, RuntimeError) as e:  # a wrong checksum, weights that do not fit, a broken broadcast (the learner died)
+            if engine.info().weights_version < version:
+                refused_c.labels(p.name).inc()
+                log.error("weights refused", extra={"fields": {"version": version, "error": str(e)}})
+        else:
+            store.acknowledge(p.name, version)
+            servicer.metrics.version.labels(p.name, "rollout").set(version)
+            log.info("weights loaded", extra={"fields": {"version": version}})
+        weights["handled"] = max(weights["handled"], version)
+
+    def broadcast_pending(wp) -> bool:
+        """A collective version is still to be broadcast until the learner's next heartbeat: the
+        learner announces, broadcasts (waiting for this service), and only then heartbeats."""
+        hb = ctx.exchange.last("heartbeat", f"{p.name}.learner")
+        return hb is None or wp.envelope.created_unix_nanos > hb.envelope.created_unix_nanos
+
+    follow_error: list[BaseException] = []
+
+    def follow() -> None:
+        """Load every version as it is announced (the learner's announcement comes before its
+        broadcast, and the learner waits for every receiver)."""
+        try:
+            while not stop.is_set():
+                load_newest()
+                stop.wait(0.05)
+        except BaseException as e:  # noqa: BLE001 - a broken weight group: the service exits and is restarted
+            follow_error.append(e)
+            stop.set()
+
+    def newest_handled() -> bool:
+        if follow_error:
+            raise RuntimeError(f"weights follower failed: {follow_error[0]}") from follow_error[0]
+        wp = ctx.exchange.last("weights_published", p.name)
+        return wp is None or max(weights["handled"], engine.info().weights_version) >= int(wp.payload.version)
+
+    threading.Thread(target=follow, name="weights-follower", daemon=True).start()
     try:
         while step <= cfg.budget.steps and not stop.is_set():
-            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1, 3600, stop):
+            # bounded staleness: the learner finished step t-1 and its newest version is served
+            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 and newest_handled(), 3600, stop):
                 break
-            load_newest()
             res = worker.run_step(step, distributor.batch(step))
             ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "successes": res.successes_published, "weights_version": engine.info().weights_version}) + "\n")
             ledger.flush()
@@ -97,9 +151,9 @@ def run_rollout_service(args: ServiceArgs) -> int:
             log.info("step", extra={"fields": {"step": step, "published": res.published, "successes": res.successes_published, "reward_mean": res.reward_mean}})
             step += 1
         # the budget is sampled: keep serving (weights updates, Generate) until told to stop
-        while not stop.is_set():
-            load_newest()
-            stop.wait(0.2)
+        stop.wait()
+        if follow_error:
+            raise RuntimeError(f"weights follower failed: {follow_error[0]}") from follow_error[0]
     finally:
         server.stop(grace=2)
         ops.stop()

@@ -101,6 +101,29 @@ def test_static_workloads_run_the_command_up_runs():
         assert c["command"] == ["mutualrl"] and c["args"] == expected
 
 
+def test_the_collective_transport_points_every_policy_at_its_learners_weight_group():
+    values = values_of(CHART / "ci" / "cpu-tiny-values.yaml")
+    values["experiment"]["weights"] = {"transport": "collective", "port": 29650}
+    objs = render(values)
+    for d in (o for o in objs if o["kind"] == "Deployment"):
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        role, policy = labels["mutualrl.io/role"], labels["mutualrl.io/policy"]
+        learner = next(o["metadata"]["name"] for o in objs if o["kind"] == "Service" and o["metadata"]["labels"].get("mutualrl.io/policy") == policy
+                       and o["metadata"]["labels"].get("mutualrl.io/role") == "learner")
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        assert c["args"] == serve_argv(role, policy, config="/etc/mutualrl/config.yaml", namespace="mutualrl:rl", redis="$(MUTUALRL_REDIS_URL)",
+                                       weights="/weights", out="/data", ops_port=9000, grpc_port=50051 if role == "rollout" else None,
+                                       weights_group=f"{learner}:29650")
+        assert ({"name": "weights", "containerPort": 29650} in c["ports"]) == (role == "learner")
+    for svc in (o for o in objs if o["kind"] == "Service" and o["metadata"]["labels"].get("mutualrl.io/role") == "learner"):
+        assert {"name": "weights", "port": 29650, "targetPort": "weights"} in svc["spec"]["ports"]
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
+    assert parse_config(cm["data"]["config.yaml"], "rendered", check_paths=False).weights.transport == "collective"
+    for o in objs:  # every object is still valid Kubernetes
+        if (o["apiVersion"], o["kind"]) not in CRDS:
+            kubernetes_validate.validate(o, K8S_VERSIONS[-1], strict=True)
+
+
 def test_bundled_redis_gives_every_pod_its_own_acl_identity(tmp_path):
     """The Redis pod's init container writes the ACL file with `mutualrl see acl` from the users
     Secret; every policy pod runs as `<policy>.<role>`, the controller as `mwra.observer`. The

@@ -15,20 +15,16 @@ from mutualrl.models import load_policy
 from mutualrl.models.families import ModelShape
 from mutualrl.see.server import free_port
 from mutualrl.services.rollout import HFEngine, SamplingSpec
-from mutualrl.weights import CollectiveTransport, WeightStore, weight_group
+from mutualrl.weights import TensorManifest, WeightStore, hf_receiver, hf_sender
 from mutualrl.weights import store as store_module
 
 KINDS = ["filesystem", "collective"]
 
 
-def _collective_pair() -> tuple[CollectiveTransport, CollectiveTransport]:
-    """The learner's (rank 0) and the engine's (rank 1) ends of a real gloo group on loopback."""
+def _collective_pair():
+    """The learner's (rank 0) and the engine's (rank 1) ends of a real gloo weight group on loopback."""
     port = free_port()
-    groups: dict[int, object] = {}
-    ths = [threading.Thread(target=lambda r=r: groups.__setitem__(r, weight_group("127.0.0.1", port, r, 2, timeout_s=60))) for r in (0, 1)]
-    [t.start() for t in ths]
-    [t.join() for t in ths]
-    return CollectiveTransport(groups[0], 0), CollectiveTransport(groups[1], 1)
+    return hf_sender("127.0.0.1", port, timeout_s=60), hf_receiver("127.0.0.1", port, timeout_s=60)
 
 
 @pytest.fixture
@@ -41,20 +37,25 @@ def pair(request, tmp_path):
 
 
 def transfer(kind, sender, policy, version, state, receive):
-    """put on the learner's side and ``receive(uri, checksum)`` on the engine's; a collective
-    transfer runs both at once (the receiver learns the URI from the announcement, not the put)."""
-    if kind == "filesystem":
-        uri, checksum = sender.put(policy, version, state)
-        return uri, checksum, receive(uri, checksum)
+    """``publish`` on the learner's side; ``receive(uri, checksum, manifest)`` starts on the
+    engine's side when the version is announced, as a rollout service's follower does (for a
+    collective version, while the learner broadcasts)."""
     out: dict = {}
-    th = threading.Thread(target=lambda: out.update(ret=sender.put(policy, version, state)))
-    th.start()
-    try:
-        got = receive(f"collective://{policy}/{version}", None)
-    finally:
-        th.join(timeout=60)
-    uri, checksum = out["ret"]
-    return uri, checksum, got
+
+    def on_announce(uri: str, checksum: str, manifest: TensorManifest | None) -> None:
+        def take():
+            try:
+                out["got"] = receive(uri, checksum, manifest)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+                out["error"] = e
+        out["thread"] = threading.Thread(target=take)
+        out["thread"].start()
+
+    uri, checksum = sender.publish(policy, version, state, on_announce)
+    out["thread"].join(timeout=60)
+    if "error" in out:
+        raise out["error"]
+    return uri, checksum, out["got"]
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
@@ -68,7 +69,7 @@ def test_versions_round_trip_exactly(pair):
     kind, sender, receiver = pair
     for version in (1, 2):
         state = _state(version)
-        uri, checksum, got = transfer(kind, sender, "p", version, state, lambda u, c: receiver.get(u, c))
+        uri, checksum, got = transfer(kind, sender, "p", version, state, receiver.get)
         assert set(got) == set(state) and len(checksum) == 64
         for k, v in state.items():
             assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
@@ -80,22 +81,45 @@ def test_versions_round_trip_exactly(pair):
 def test_a_wrong_announced_checksum_is_refused(pair):
     kind, sender, receiver = pair
     with pytest.raises(ValueError, match="checksum"):
-        transfer(kind, sender, "p", 1, _state(1), lambda u, c: receiver.get(u, "0" * 64))
+        transfer(kind, sender, "p", 1, _state(1), lambda u, c, m: receiver.get(u, "0" * 64, m))
 
 
 def test_a_collective_version_must_move_forward():
     sender, receiver = _collective_pair()
-    transfer("collective", sender, "p", 2, _state(2), lambda u, c: receiver.get(u, c))
-    with pytest.raises(ValueError, match="not newer"):
-        transfer("collective", sender, "p", 1, _state(1), lambda u, c: receiver.get(u, c))
-    with pytest.raises(ValueError, match="sent p v3"):  # announced v4, the learner sent v3: refused, nothing hangs
-        out: dict = {}
-        th = threading.Thread(target=lambda: out.update(ret=sender.put("p", 3, _state(3))))
-        th.start()
-        try:
-            receiver.get("collective://p/4", None)
-        finally:
-            th.join(timeout=60)
+    transfer("collective", sender, "p", 2, _state(2), receiver.get)
+    with pytest.raises(ValueError, match="not newer"):  # every tensor was still taken: the learner returned
+        transfer("collective", sender, "p", 1, _state(1), receiver.get)
+    with pytest.raises(ValueError, match="manifest"):
+        receiver.get("collective://p/3", None, None)
+
+
+def test_a_collective_group_is_met_again_after_either_end_restarts():
+    """A fresh group per version on the learner's store: a new receiver (a restarted rollout
+    service) meets the learner at the next version, and a new learner is met at its first version
+    (`up`'s restart of a learner process on the same port: tests/e2e/test_up_collective.py)."""
+    port = free_port()
+    sender = hf_sender("127.0.0.1", port, timeout_s=60)
+    transfer("collective", sender, "p", 1, _state(1), hf_receiver("127.0.0.1", port, timeout_s=60).get)
+    uri, _, got = transfer("collective", sender, "p", 2, _state(2), hf_receiver("127.0.0.1", port, timeout_s=60).get)
+    assert torch.equal(got["w"], _state(2)["w"])
+    receiver = hf_receiver("127.0.0.1", port, timeout_s=60)
+    transfer("collective", sender, "p", 3, _state(3), receiver.get)
+    port2 = free_port()
+    receiver2 = hf_receiver("127.0.0.1", port2, timeout_s=60)
+    _, _, got = transfer("collective", hf_sender("127.0.0.1", port2, timeout_s=60), "p", 4, _state(4), receiver2.get)
+    assert torch.equal(got["b16"], _state(4)["b16"])
+
+
+def test_the_manifest_travels_in_the_announcement():
+    from mutualrl.v1 import experience_pb2 as pb
+
+    m = TensorManifest.of(_state(1))
+    wire = pb.WeightsPublished(tensors=m.to_proto()).SerializeToString()
+    assert TensorManifest.from_proto(pb.WeightsPublished.FromString(wire).tensors) == m
+    assert TensorManifest.from_proto([]) is None
+    assert m.byte_count() == sum(t.numel() * t.element_size() for t in _state(1).values())
+    with pytest.raises(ValueError, match="unsupported dtypes"):
+        TensorManifest(("a",), ("complex64",), ((1,),))
 
 
 def test_the_filesystem_checks_a_version_once_not_on_every_read(tmp_path, monkeypatch):
@@ -128,7 +152,7 @@ def test_an_hf_engine_serves_exactly_the_learners_weights(pair, arithmetic_task)
     reference = HFEngine(learner.model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, store=WeightStore())
     prompts = [tok.encode(p.prompt) for p in arithmetic_task.train[:4]]
     greedy = SamplingSpec(n=1, max_new_tokens=5, temperature=0.0)
-    transfer(kind, sender, "p", 1, learner.model.state_dict(), lambda u, c: engine.update_weights(1, u, c))
+    transfer(kind, sender, "p", 1, learner.model.state_dict(), lambda u, c, m: engine.update_weights(1, u, c, m))
     assert engine.info().weights_version == 1
     after = {k: v for k, v in engine.model.state_dict().items()}
     for k, v in learner.model.state_dict().items():

@@ -25,6 +25,7 @@ class RunSpec:
     engines: dict[str, dict] = field(default_factory=dict)  # policy -> {"backend", "model", "tp", "image", "args"} (external engines)
     redis_users_secret: str | None = None  # Secret with one password per "<policy>.<role>": each pod's own Redis identity
     see_keys: dict[str, str] = field(default_factory=dict)  # "<policy>.<role>" -> its SEE signing key (a per-run Secret)
+    weights_port: int | None = None  # the collective weights transport: the port each learner hosts its weight group on (None: filesystem)
 
 
 @dataclass(frozen=True)

@@ -98,9 +98,16 @@ def members(alloc: Allocation) -> list[tuple[str, int, int, str]]:
     return [(p.role, p.replica, p.gpus, p.node) for p in sorted(alloc.placements, key=lambda p: (p.role != "rollout", p.replica))]
 
 
+def role_ports(spec: RunSpec, role: str) -> list[tuple[str, int]]:
+    """A role's named ports; a learner of the collective transport also hosts its weight group."""
+    extra = [("weights", spec.weights_port)] if role == "learner" and spec.weights_port is not None else []
+    return ROLE_PORTS[role] + extra
+
+
 def _command(spec: RunSpec, policy: str, role: str) -> list[str]:
+    group = f"{dns_name(spec.run, policy, 'learner')}:{spec.weights_port}" if spec.weights_port is not None else None  # the learner's headless Service
     return ["mutualrl", *serve_argv(role, policy, config="/etc/mutualrl/config.yaml", namespace=spec.run, redis="$(MUTUALRL_REDIS_URL)",
-                                    weights="/weights", out="/data", ops_port=9000, grpc_port=50051 if role == "rollout" else None)]
+                                    weights="/weights", out="/data", ops_port=9000, grpc_port=50051 if role == "rollout" else None, weights_group=group)]
 
 
 def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, generation: int, gang: str, backend: str, owner: dict, node: str = "") -> dict:
@@ -125,7 +132,7 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
                    {"name": "MUTUALRL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": spec.redis_users_secret, "key": f"{alloc.policy}.{role}"}}}]
                   if spec.redis_users_secret else []),
             ],
-            "ports": [{"name": n, "containerPort": p} for n, p in ROLE_PORTS[role]],
+            "ports": [{"name": n, "containerPort": p} for n, p in role_ports(spec, role)],
             "resources": {
                 "requests": {"cpu": str(res.get("cpu", 4)), "memory": str(res.get("memory", "16Gi")), "nvidia.com/gpu": str(gpus)},
                 "limits": {"memory": str(res.get("memory", "16Gi")), "nvidia.com/gpu": str(gpus)},
@@ -204,7 +211,7 @@ def headless_service(spec: RunSpec, policy: str, role: str, generation: int, own
         "metadata": {"name": dns_name(spec.run, policy, role), "namespace": spec.namespace, "labels": labels(spec, policy, role, generation),
                      "ownerReferences": [owner]},
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": sel,
-                 "ports": [{"name": n, "port": p, "targetPort": n} for n, p in ROLE_PORTS[role]]},
+                 "ports": [{"name": n, "port": p, "targetPort": n} for n, p in role_ports(spec, role)]},
     }
 
 

@@ -1,0 +1,67 @@
+"""`mutualrl up` with the collective weight transport (weights.transport=collective): every
+version is announced on SEE with its manifest and broadcast from each learner into its rollout
+service's HF engine over gloo on loopback — no checkpoint directory is written — and a learner
+or rollout service killed with -9 is met again at the next version."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from test_services_up import _finish, _health, _ledgers, _services, _start, _wait
+
+COLLECTIVE = "weights.transport=collective"
+
+
+def _rollout_versions(out: Path, policy: str) -> list[int]:
+    return [json.loads(line)["weights_version"] for line in (out / "services" / f"{policy}.rollout.ledger.jsonl").read_text().splitlines()]
+
+
+def _loaded(out: Path, policy: str) -> list[int]:
+    logs = [json.loads(line) for line in (out / "logs" / f"{policy}.rollout.log").read_text().splitlines() if line.startswith("{")]
+    return [e["version"] for e in logs if e.get("msg") == "weights loaded"]
+
+
+def test_weights_are_broadcast_into_the_rollout_engines(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, 4, COLLECTIVE)
+    try:
+        output = _finish(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for name in ("llama-char", "gpt2-bpe"):
+        mine = [r for r in records if r["policy"] == name and r.get("phase") != "warm_start"]
+        assert [r["weights_version"] for r in mine] == [1, 2, 3, 4]
+        assert all(r["stage_seconds"]["weight_sync"] > 0 for r in mine)
+        assert _rollout_versions(out, name) == [0, 1, 2, 3]  # each step sampled with the previous step's weights
+        assert _loaded(out, name)[:3] == [1, 2, 3]
+    weights_dir = out / "weights"
+    assert not weights_dir.exists() or not any(weights_dir.rglob("model.safetensors"))  # nothing went through the disk
+    learner_log = (out / "logs" / "llama-char.learner.log").read_text()
+    assert "hosting the weight group" in learner_log
+
+
+def test_a_killed_learner_and_a_killed_rollout_service_meet_again_at_the_next_version(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, 6, COLLECTIVE, "launcher.rollout_deadline_s=20")
+    try:
+        svcs = _services(out)
+        _wait(lambda: _health(svcs["llama-char.learner"]["ops"]).get("step", 0) >= 2, 300, "learner step 2")
+        os.kill(int((out / "services" / "llama-char.learner.pid").read_text()), signal.SIGKILL)
+        _wait(lambda: _health(svcs["gpt2-bpe.rollout"]["ops"]).get("step", 0) >= 3, 300, "gpt2-bpe rollout step 3")
+        os.kill(int((out / "services" / "gpt2-bpe.rollout.pid").read_text()), signal.SIGKILL)
+        output = _finish(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert "llama-char.learner exited with -9; restarting" in output and "gpt2-bpe.rollout exited with -9; restarting" in output
+    # the restarted learner re-sent its checkpointed weights as a new version, and training went on
+    ledger, published = _ledgers(out, "llama-char")
+    assert sorted(ledger) == list(range(1, 7))
+    for s in range(1, 7):
+        assert set(ledger[s]["own"]) == set(published[s])
+    for name in ("llama-char", "gpt2-bpe"):
+        versions = _rollout_versions(out, name)
+        assert versions == sorted(versions) and versions[-1] >= 4, (name, versions)
