@@ -43,7 +43,7 @@ class ModelConfig(_Strict):
 class TokenizerConfig(_Strict):
     """Either a ``kind`` trained on the task corpus or a ``path`` to an existing tokenizer."""
 
-    kind: Optional[Literal["char", "bpe", "unigram", "wordpiece", "qwen2.5"]] = Field(
+    kind: Optional[Literal["char", "bpe", "bpe-digits", "unigram", "wordpiece", "qwen2.5"]] = Field(
         None, description="Train this kind of tokenizer on the task corpus, or `qwen2.5`: the real Qwen2.5 vocabulary (151,646 tokens), rebuilt offline.")
     path: Optional[str] = Field(None, description="Load a tokenizer from this directory; defaults to model.path when the model is loaded.")
     vocab_size: int = Field(300, ge=16, description="Target vocabulary for bpe/unigram (char uses every character seen).")

@@ -2,7 +2,7 @@
 
 Different algorithms give policies genuinely different vocabularies and token
 boundaries, which is what THL has to bridge: char-level (WordLevel over single
-characters), byte-level BPE (GPT-2 style), Unigram (SentencePiece style,
+characters), byte-level BPE (GPT-2 style; ``bpe-digits`` splits digits as Qwen2.5 does), Unigram (SentencePiece style,
 Metaspace pre-tokenisation, byte fallback) and WordPiece (BERT style).
 """
 
@@ -31,6 +31,26 @@ def _char(corpus: list[str], vocab_size: int) -> Tokenizer:
 def _bpe(corpus: list[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
+
+
+def _bpe_digits(corpus: list[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE whose pre-tokenizer isolates every digit, as Qwen2.5's does (``\\p{N}``
+    one at a time): merges never span digits, so a number is its digits — the segmentation
+    production vocabularies chose for arithmetic — while the rest of the text merges as BPE."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -92,6 +112,7 @@ def _wordpiece(corpus: list[str], vocab_size: int) -> Tokenizer:
 TOKENIZER_KINDS: dict[str, Callable[[list[str], int], Tokenizer]] = {
     "char": _char,
     "bpe": _bpe,
+    "bpe-digits": _bpe_digits,
     "unigram": _unigram,
     "wordpiece": _wordpiece,
 }

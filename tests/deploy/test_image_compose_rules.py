@@ -128,6 +128,25 @@ def test_compose_services_run_the_commands_up_runs(tmp_path):
     assert flat and len(flat) == len(set(flat)), "every GPU reserved by exactly one service (the local MWRA plan)"
 
 
+def test_compose_with_the_collective_transport_points_each_policy_at_its_learner(tmp_path):
+    from mutualrl.app.compose import compose_file
+
+    cpu, gpu = (load_config(f, ["weights.transport=collective", "weights.port=29700"], check_paths=False) for f in (CPU, GPU))
+    services = compose_file(cpu, gpu, "cpu.yaml", "gpu.yaml", 4)["services"]
+    up = Supervisor(cpu, tmp_path).service_specs("redis://127.0.0.1:6379/0", "ns")
+    for s in up:  # `up` passes the flag too (with its own free port on loopback)
+        assert "--weights-group" in s.argv
+    for name, svc in services.items():
+        role = (svc.get("labels") or {}).get("mutualrl.io/role")
+        if role not in ("rollout", "learner"):
+            continue
+        policy = svc["labels"]["mutualrl.io/policy"]
+        learner = f"{policy}-learner" + ("-gpu" if name.endswith("-gpu") else "")
+        assert learner in services
+        cmd = svc["command"]
+        assert cmd[cmd.index("--weights-group") + 1] == f"{learner}:29700", name
+
+
 def test_alert_rules_check_and_unit_tests():
     p = subprocess.run([tool("promtool"), "check", "rules", str(CHART / "files" / "alerts.yml")], capture_output=True, text=True)
     assert p.returncode == 0 and "6 rules found" in p.stdout, p.stdout + p.stderr

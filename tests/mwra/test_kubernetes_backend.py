@@ -13,7 +13,7 @@ from mutualrl.see.identity import derive_key, parse_keys
 from mutualrl.services.mwra.backends.base import RunSpec
 from mutualrl.services.mwra.backends.kubernetes import KubernetesBackend, LeaderElection, discover_gang_backend
 from mutualrl.services.mwra.controller import Controller
-from mutualrl.services.mwra.planner import PolicyDemand, make_plan
+from mutualrl.services.mwra.planner import Node, PolicyDemand, make_plan
 
 from mwra_kmock import Cluster
 
@@ -212,3 +212,26 @@ def test_the_controller_derives_a_runs_keys_from_the_run_key_it_holds(monkeypatc
     keys = run_see_keys(cfg)
     assert set(keys) == {f"{p.name}.{r}" for p in cfg.policies for r in ("rollout", "learner")}
     assert keys[f"{cfg.policies[0].name}.learner"] == derive_key("run-key", f"{cfg.policies[0].name}.learner").decode()
+
+
+def test_the_collective_transport_gives_each_learner_a_weights_port_its_rollout_pods_join():
+    import dataclasses
+
+    from mutualrl.services.mwra.backends.k8s_objects import config_map, gang_objects, owner_reference
+
+    s = dataclasses.replace(spec(), weights_port=29600)
+    plan = make_plan(DEMANDS, [Node("gpu-0", 8), Node("gpu-1", 8)])
+    cm = config_map(s)
+    owner = owner_reference({**cm, "metadata": {**cm["metadata"], "uid": "0b5c1f3e-1111-4d2e-9f00-000000000001"}})  # the API server assigns it
+    for name, alloc in plan.allocations.items():
+        objs = gang_objects(s, alloc, 1, "mwra", owner)
+        svc = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == f"exp-1-{name}-learner")
+        assert {"name": "weights", "port": 29600, "targetPort": "weights"} in svc["spec"]["ports"]
+        for p in (o for o in objs if o["kind"] == "Pod"):
+            c = p["spec"]["containers"][0]
+            args = c["command"] + c.get("args", [])
+            assert args[args.index("--weights-group") + 1] == f"exp-1-{name}-learner:29600"
+            assert ({"name": "weights", "containerPort": 29600} in c["ports"]) == (p["metadata"]["labels"]["mutualrl.io/role"] == "learner")
+        for o in objs:
+            if o["kind"] in ("Pod", "Service"):
+                kubernetes_validate.validate(o, K8S_VERSIONS[-1], strict=True)
