@@ -47,7 +47,7 @@ def tokenizers(arithmetic_task):
     from mutualrl.models import build_tokenizer
 
     corpus = arithmetic_task.corpus()
-    return {kind: build_tokenizer(kind, corpus, 300) for kind in ("char", "bpe", "unigram")}
+    return {kind: build_tokenizer(kind, corpus, 300) for kind in ("char", "bpe", "bpe-digits", "unigram")}
 
 
 @pytest.fixture(scope="session")

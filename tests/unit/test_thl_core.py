@@ -5,7 +5,18 @@ import pytest
 from mutualrl.models import build_tokenizer
 from mutualrl.thl import ThlBudget, align_spans, convert, token_byte_spans, transport_logprobs
 
-PAIRS = [("char", "bpe"), ("bpe", "char"), ("bpe", "unigram"), ("unigram", "char"), ("char", "unigram"), ("unigram", "bpe")]
+PAIRS = [("char", "bpe"), ("bpe", "char"), ("bpe", "unigram"), ("unigram", "char"), ("char", "unigram"), ("unigram", "bpe"),
+         ("bpe", "bpe-digits"), ("bpe-digits", "unigram")]
+
+
+def test_bpe_digits_never_merges_across_digits():
+    """Qwen2.5's rule: every digit is its own token; other text still merges as BPE."""
+    tok = build_tokenizer("bpe-digits", ["the sum 123+456=579 is fine"] * 50, 300)
+    pieces = tok.convert_ids_to_tokens(tok("the sum 905+16=921", add_special_tokens=False)["input_ids"])
+    digits = [p for p in pieces if any(ch.isdigit() for ch in p)]
+    assert digits == list("90516921")
+    assert any(len(p) > 1 for p in pieces)  # the words merged
+    assert tok.decode(tok("905+16=921 ok", add_special_tokens=False)["input_ids"]) == "905+16=921 ok"
 
 
 @pytest.mark.parametrize("src,tgt", PAIRS)
