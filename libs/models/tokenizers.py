@@ -28,9 +28,9 @@ def _char(corpus: list[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def _bpe(corpus: list[str], vocab_size: int) -> Tokenizer:
+def _byte_level_bpe(corpus: list[str], vocab_size: int, pre_tokenizer) -> Tokenizer:
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -40,26 +40,18 @@ def _bpe(corpus: list[str], vocab_size: int) -> Tokenizer:
     )
     tok.train_from_iterator(corpus, trainer=trainer)
     return tok
+
+
+def _bpe(corpus: list[str], vocab_size: int) -> Tokenizer:
+    return _byte_level_bpe(corpus, vocab_size, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
 
 
 def _bpe_digits(corpus: list[str], vocab_size: int) -> Tokenizer:
     """Byte-level BPE whose pre-tokenizer isolates every digit, as Qwen2.5's does (``\\p{N}``
     one at a time): merges never span digits, so a number is its digits — the segmentation
     production vocabularies chose for arithmetic — while the rest of the text merges as BPE."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer=trainer)
-    return tok
+    digits = pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated")
+    return _byte_level_bpe(corpus, vocab_size, pre_tokenizers.Sequence([digits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
 
 
 def _unigram(corpus: list[str], vocab_size: int) -> Tokenizer:

@@ -12,13 +12,12 @@ Usage: python _fake_weight_engine.py {sglang|vllm} VERSION  (prints the port, th
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse
+from http.server import ThreadingHTTPServer
 
 import torch
+from json_http import json_handler  # beside this file (run as a script, its directory is on the path)
 
 from mutualrl.weights import TensorManifest, tensor_checksum, weight_group
 from mutualrl.weights.groups import named_torch_group
@@ -110,36 +109,16 @@ def _vllm(path: str, body: dict, query: str) -> tuple[int, dict]:
     return 404, {"detail": "Not Found"}
 
 
-class Handler(BaseHTTPRequestHandler):
-    def _do(self, method: str) -> None:
-        url = urlparse(self.path)
-        n = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(n) or b"{}") if n else {}
-        if url.path == "/_state":
-            code, out = 200, {"received": state["received"], "version": state["version"], "calls": state["calls"]}
-        else:
-            with lock:
-                state["calls"].append(url.path)
-            code, out = _sglang(url.path, body) if KIND == "sglang" else _vllm(url.path, body, url.query)
-        data = json.dumps(out).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):  # noqa: N802
-        self._do("GET")
-
-    def do_POST(self):  # noqa: N802
-        self._do("POST")
-
-    def log_message(self, *a):
-        pass
+def respond(method: str, path: str, query: str, body: dict) -> tuple[int, dict]:
+    if path == "/_state":
+        return 200, {"received": state["received"], "version": state["version"], "calls": state["calls"]}
+    with lock:
+        state["calls"].append(path)
+    return _sglang(path, body) if KIND == "sglang" else _vllm(path, body, query)
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), json_handler(respond))
     print(httpd.server_address[1], flush=True)
     httpd.serve_forever()

@@ -2,10 +2,9 @@
 the documented routes (docs/engines.md §2, §3): neither engine runs without a GPU, so the
 adapters are thin and these tests pin down exactly what they send and how they read answers."""
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from http.server import ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 import pytest
 import torch
@@ -13,6 +12,8 @@ import torch
 from mutualrl.services.rollout.engine import SamplingSpec
 from mutualrl.services.rollout.http_engines import EngineUnavailable, SGLangServerEngine, VLLMServerEngine
 from mutualrl.weights import WeightStore
+
+from json_http import json_handler
 
 EOS = 2
 VLLM_SAMPLING_KEYS = {"model", "prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "return_token_ids"}
@@ -24,33 +25,13 @@ class Fake:
 
     def __init__(self, routes):
         self.calls: list[tuple[str, str, dict]] = []
-        fake = self
 
-        class H(BaseHTTPRequestHandler):
-            def _do(self, method):
-                url = urlparse(self.path)
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}") if n else {}
-                fake.calls.append((method, url.path, body))
-                handler = routes.get((method, url.path))
-                code, out = handler(body, parse_qs(url.query)) if handler else (404, {"detail": "Not Found"})
-                data = json.dumps(out).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        def respond(method, path, query, body):
+            self.calls.append((method, path, body))
+            handler = routes.get((method, path))
+            return handler(body, parse_qs(query)) if handler else (404, {"detail": "Not Found"})
 
-            def do_GET(self):  # noqa: N802
-                self._do("GET")
-
-            def do_POST(self):  # noqa: N802
-                self._do("POST")
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), json_handler(respond))
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
