@@ -113,13 +113,18 @@ def run_rollout_service(args: ServiceArgs) -> int:
 
     follow_error: list[BaseException] = []
 
+    # woken by each announcement (a blocking read of the learner's weights stream), not by polling
+    announcements = ctx.exchange.subscribe(f"{p.name}-rollout-weights", ["weights_published"], [p.name], consumer=f"{p.name}-rollout")
+
     def follow() -> None:
         """Load every version as it is announced (the learner's announcement comes before its
         broadcast, and the learner waits for every receiver)."""
         try:
             while not stop.is_set():
                 load_newest()
-                stop.wait(0.05)
+                got = announcements.poll(block_ms=250)
+                if got:
+                    announcements.ack(got)
         except BaseException as e:  # noqa: BLE001 - a broken weight group: the service exits and is restarted
             follow_error.append(e)
             stop.set()
