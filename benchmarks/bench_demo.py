@@ -1,7 +1,7 @@
 """`make demo`'s run over many seeds: does every policy end above its warm start — the final
 checkpoint, not the best one — in every seed, and how long does a run take?
 
-    .venv/bin/python benchmarks/bench_demo.py [--seeds 10] [--config examples/demo.yaml] [--out runs/bench-demo] [--set key=value ...]
+    .venv/bin/python benchmarks/bench_demo.py [--seeds 10] [--start 0] [--config examples/demo.yaml] [--out runs/bench-demo] [--set key=value ...]
 
 Goal (the evidence issue): every policy >= 5 points above its warm start in every seed, each run
 within the demo's 2–3 minute budget after setup. Runs already finished under ``--out`` are reused,
@@ -24,13 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--start", type=int, default=0, help="First seed (run seeds start .. start+seeds-1; split a sweep over processes).")
     ap.add_argument("--config", default=str(ROOT / "examples" / "demo.yaml"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench-demo"))
     ap.add_argument("--min-gain", type=float, default=0.05)
     ap.add_argument("--set", action="append", default=[], help="Override a config field (repeatable), as `mutualrl run --set`.")
     args = ap.parse_args()
     rows = []
-    for seed in range(args.seeds):
+    for seed in range(args.start, args.start + args.seeds):
         d = Path(args.out) / f"seed{seed}"
         summary = d / "summary.json"
         t = time.perf_counter()

@@ -23,7 +23,7 @@ def test_demo_config_short_run(tmp_path):
         assert (out / name).is_file(), name
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("phase") != "warm_start"]
-    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "gpt2-bpe") for s in range(1, 5)}
+    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1, 5)}
     required = {"step", "policy", "rollouts", "reward_mean", "loss", "kl", "clip_frac", "shared_in", "shared_out", "thl_residual", "step_s"}
     for r in steps:
         assert required <= r.keys()
@@ -43,7 +43,7 @@ def test_demo_config_short_run(tmp_path):
     # parameters moved away from the warm start, and the checkpoint reloads as a HF model
     from mutualrl.models import load_policy
 
-    for name in ("llama-char", "gpt2-bpe"):
+    for name in ("llama-char", "qwen-bpe"):
         ck = out / "checkpoints" / name
         reloaded = load_policy(path=str(ck))
         state = json.loads((ck / "trainer_state.json").read_text())

@@ -67,7 +67,7 @@ def test_two_policies_three_steps_over_processes(tmp_path):
     proc = _start(out, 4)
     try:
         svcs = _services(out)
-        assert set(svcs) == {"llama-char.rollout", "llama-char.learner", "gpt2-bpe.rollout", "gpt2-bpe.learner"}
+        assert set(svcs) == {"llama-char.rollout", "llama-char.learner", "qwen-bpe.rollout", "qwen-bpe.learner"}
         # the run's Redis takes no anonymous writer, and every message is signed with a run key
         info = json.loads((out / "services.json").read_text())
         anon = redis.Redis.from_url(info["redis"], socket_timeout=5)
@@ -91,8 +91,8 @@ def test_two_policies_three_steps_over_processes(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("phase") != "warm_start"]
-    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "gpt2-bpe") for s in range(1, 5)}
-    for name in ("llama-char", "gpt2-bpe"):
+    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1, 5)}
+    for name in ("llama-char", "qwen-bpe"):
         mine = [r for r in steps if r["policy"] == name]
         assert [r["weights_version"] for r in mine] == [1, 2, 3, 4]
         assert sum(r["shared_in"] for r in mine) > 0 and sum(r["shared_out"] for r in mine) > 0  # both directions
@@ -101,7 +101,7 @@ def test_two_policies_three_steps_over_processes(tmp_path):
         assert (out / "checkpoints" / name / "config.json").is_file()
     assert (out / "summary.json").is_file() and (out / "curves.png").is_file()
     summary = json.loads((out / "summary.json").read_text())["policies"]
-    for name in ("llama-char", "gpt2-bpe"):  # the same summary as `mutualrl run`: rollouts counted, rejections by reason
+    for name in ("llama-char", "qwen-bpe"):  # the same summary as `mutualrl run`: rollouts counted, rejections by reason
         assert summary[name]["rollouts"] == 4 * 16 * 8 and isinstance(summary[name]["peer_rejections"], dict)
 
 
@@ -137,15 +137,15 @@ def test_killed_rollout_server_learner_waits_its_deadline_then_the_run_completes
     proc = _start(out, 5, "launcher.rollout_deadline_s=4")
     try:
         svcs = _services(out)
-        _wait(lambda: _health(svcs["gpt2-bpe.rollout"]["ops"]).get("step", 0) >= 2, 300, "rollout step 2")
-        os.kill(int((out / "services" / "gpt2-bpe.rollout.pid").read_text()), signal.SIGKILL)
+        _wait(lambda: _health(svcs["qwen-bpe.rollout"]["ops"]).get("step", 0) >= 2, 300, "rollout step 2")
+        os.kill(int((out / "services" / "qwen-bpe.rollout.pid").read_text()), signal.SIGKILL)
         output = _finish(proc)
     finally:
         proc.kill()
     assert proc.returncode == 0, output[-3000:]
-    assert "gpt2-bpe.rollout exited with -9; restarting" in output
+    assert "qwen-bpe.rollout exited with -9; restarting" in output
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {r["step"] for r in records if r["policy"] == "gpt2-bpe" and r.get("phase") != "warm_start"} == set(range(1, 6))
+    assert {r["step"] for r in records if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start"} == set(range(1, 6))
 
 
 def test_sigterm_stops_every_service(tmp_path):
@@ -229,8 +229,8 @@ def test_a_live_run_survives_control_plane_junk_a_stolen_key_and_an_impersonator
         r.xadd(f"{ns}:rollout:llama-char", {b"d": stolen.wrap_encoded(pill, "llama-char")[1]})
         mallory = EnvelopeCodec(Keyring({"mallory.rollout": derive_key("known-run-key", "mallory.rollout")}))
         r.xadd(f"{ns}:rollout:llama-char", {b"d": mallory.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "mallory")[1]})
-        peer = EnvelopeCodec(Keyring({"gpt2-bpe.rollout": derive_key("known-run-key", "gpt2-bpe.rollout")}))  # a peer's stolen key
-        r.xadd(f"{ns}:rollout:llama-char", {b"d": peer.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "gpt2-bpe")[1]})
+        peer = EnvelopeCodec(Keyring({"qwen-bpe.rollout": derive_key("known-run-key", "qwen-bpe.rollout")}))  # a peer's stolen key
+        r.xadd(f"{ns}:rollout:llama-char", {b"d": peer.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "qwen-bpe")[1]})
         while not done.is_set():
             for stream in (f"{ns}:heartbeat:llama-char.learner", f"{ns}:heartbeat:llama-char.rollout", f"{ns}:weights_published:llama-char"):
                 n = r.xlen(stream)
@@ -253,7 +253,7 @@ def test_a_live_run_survives_control_plane_junk_a_stolen_key_and_an_impersonator
     assert len(junked) >= 6  # junk followed heartbeats and announcements all run long
     steps = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s.get("phase") != "warm_start"]
-    assert {(s["policy"], s["step"]) for s in steps} == {(p, k) for p in ("llama-char", "gpt2-bpe") for k in (1, 2, 3)}  # no step lost
+    assert {(s["policy"], s["step"]) for s in steps} == {(p, k) for p in ("llama-char", "qwen-bpe") for k in (1, 2, 3)}  # no step lost
     mine = sorted((s for s in steps if s["policy"] == "llama-char"), key=lambda s: s["step"])
     assert [s["weights_version"] for s in mine] == [1, 2, 3] and all(s["own_rollouts"] == 16 * 8 for s in mine)  # nothing displaced
     versions = [json.loads(l)["weights_version"] for l in (out / "services" / "llama-char.rollout.ledger.jsonl").read_text().splitlines()]

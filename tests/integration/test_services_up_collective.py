@@ -31,7 +31,7 @@ def test_weights_are_broadcast_into_the_rollout_engines(tmp_path):
         proc.kill()
     assert proc.returncode == 0, output[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    for name in ("llama-char", "gpt2-bpe"):
+    for name in ("llama-char", "qwen-bpe"):
         mine = [r for r in records if r["policy"] == name and r.get("phase") != "warm_start"]
         assert [r["weights_version"] for r in mine] == [1, 2, 3, 4]
         assert all(r["stage_seconds"]["weight_sync"] > 0 for r in mine)
@@ -50,18 +50,18 @@ def test_a_killed_learner_and_a_killed_rollout_service_meet_again_at_the_next_ve
         svcs = _services(out)
         _wait(lambda: _health(svcs["llama-char.learner"]["ops"]).get("step", 0) >= 2, 300, "learner step 2")
         os.kill(int((out / "services" / "llama-char.learner.pid").read_text()), signal.SIGKILL)
-        _wait(lambda: _health(svcs["gpt2-bpe.rollout"]["ops"]).get("step", 0) >= 3, 300, "gpt2-bpe rollout step 3")
-        os.kill(int((out / "services" / "gpt2-bpe.rollout.pid").read_text()), signal.SIGKILL)
+        _wait(lambda: _health(svcs["qwen-bpe.rollout"]["ops"]).get("step", 0) >= 3, 300, "qwen-bpe rollout step 3")
+        os.kill(int((out / "services" / "qwen-bpe.rollout.pid").read_text()), signal.SIGKILL)
         output = _finish(proc)
     finally:
         proc.kill()
     assert proc.returncode == 0, output[-3000:]
-    assert "llama-char.learner exited with -9; restarting" in output and "gpt2-bpe.rollout exited with -9; restarting" in output
+    assert "llama-char.learner exited with -9; restarting" in output and "qwen-bpe.rollout exited with -9; restarting" in output
     # the restarted learner re-sent its checkpointed weights as a new version, and training went on
     ledger, published = _ledgers(out, "llama-char")
     assert sorted(ledger) == list(range(1, 7))
     for s in range(1, 7):
         assert set(ledger[s]["own"]) == set(published[s])
-    for name in ("llama-char", "gpt2-bpe"):
+    for name in ("llama-char", "qwen-bpe"):
         versions = _rollout_versions(out, name)
         assert versions == sorted(versions) and versions[-1] >= 4, (name, versions)

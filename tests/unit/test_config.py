@@ -14,13 +14,13 @@ DEMO = ROOT / "examples" / "demo.yaml"
 
 def test_demo_config_validates():
     cfg = load_config(DEMO)
-    assert [p.name for p in cfg.policies] == ["llama-char", "gpt2-bpe"]
+    assert [p.name for p in cfg.policies] == ["llama-char", "qwen-bpe"]
     assert cfg.sharing.mode == "sgt"
     assert cfg.sharing.sgt.weight == pytest.approx(0.1)
 
 
 def test_overrides_by_path_index_and_policy_name():
-    cfg = load_config(DEMO, ["budget.steps=2", "policies.0.optim.lr=3e-4", "policies.gpt2-bpe.engine.temperature=0.7", "sharing.mode=none"])
+    cfg = load_config(DEMO, ["budget.steps=2", "policies.0.optim.lr=3e-4", "policies.qwen-bpe.engine.temperature=0.7", "sharing.mode=none"])
     assert cfg.budget.steps == 2
     assert cfg.policies[0].optim.lr == pytest.approx(3e-4)
     assert cfg.policies[1].engine.temperature == pytest.approx(0.7)
