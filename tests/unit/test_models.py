@@ -12,7 +12,7 @@ SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=
 TEXTS = ["12+34=46", "9+9=18", "0+0=0", "99+1=100"]
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe", "unigram"])
+@pytest.mark.parametrize("kind", ["char", "bpe", "bpe-digits", "unigram"])
 def test_tokenizer_roundtrip_and_specials(tokenizers, kind):
     tok = tokenizers[kind]
     for t in TEXTS:
@@ -25,7 +25,7 @@ def test_tokenizer_roundtrip_and_specials(tokenizers, kind):
 
 def test_tokenizers_really_differ(tokenizers):
     fps = {tokenizer_fingerprint(t) for t in tokenizers.values()}
-    assert len(fps) == 3
+    assert len(fps) == len(tokenizers) == 4
     lens = {k: len(t("12+34=46", add_special_tokens=False)["input_ids"]) for k, t in tokenizers.items()}
     assert lens["bpe"] < lens["char"]  # BPE merged something
 
