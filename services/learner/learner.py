@@ -45,6 +45,17 @@ class StepInputs:
 
 
 @dataclass
+class UpdateResult:
+    """What one step's optimiser steps report, read back to the host once: per mini-batch losses,
+    gradient norms and diagnostics, and how many mini-batches there were and were skipped."""
+    losses: list[float]
+    grad_norms: list[float]
+    per_minibatch: list[dict]
+    updates: int
+    empty_updates: int
+
+
+@dataclass
 class LearnerSettings:
     """The learner's algorithm settings, taken from the experiment's algorithm and sharing sections."""
     group_size: int
@@ -356,7 +367,7 @@ class Learner:
         inputs = StepInputs(step, rows, step_adv.advantages, step_adv.omega, rescues)
         if before_update is not None:
             before_update(inputs)  # a sharded learner's other ranks take the same update (service.py)
-        losses, grad_norms, per_mb, empty_updates, n_updates = self.apply_update(inputs, stages)
+        update = self.apply_update(inputs, stages)
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)
         self._to_ack += [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
         self.last_used = {"own": [r.envelope.message_id for r in own], "peer": [r.envelope.message_id for r in intake.used]}
@@ -365,14 +376,12 @@ class Learner:
         t_sync = time.monotonic()
         self.publish_weights(step)
         stages["weight_sync"] = time.monotonic() - t_sync
-        return self._record(step, rows, own, intake, rescues, gate_open, metrics, losses, grad_norms, per_mb, empty_updates, n_updates, stages, t0)
+        return self._record(step, rows, own, intake, rescues, gate_open, metrics, update, stages, t0)
 
-    def apply_update(self, inputs: "StepInputs", stages: dict) -> tuple[list[float], list[float], list[dict], int, int]:
+    def apply_update(self, inputs: StepInputs, stages: dict) -> UpdateResult:
         """The optimiser steps of one step, one per mini-batch, from inputs a single rank gathered:
-        every rank of a sharded learner runs exactly this (its collectives must match). Returns
-        the losses, gradient norms and diagnostics per mini-batch, the mini-batches skipped for
-        want of signal, and the number of mini-batches; raises FloatingPointError (weights
-        untouched by that update) on a non-finite loss or gradient."""
+        every rank of a sharded learner runs exactly this (its collectives must match). Raises
+        FloatingPointError (weights untouched by that update) on a non-finite loss or gradient."""
         step, rows, rescues = inputs.step, inputs.rows, inputs.rescues
         a = self.s.algorithm
         kind_all = torch.tensor(rows.kind)
@@ -442,11 +451,12 @@ class Learner:
                                      f"gradient norm {grad_norms[m]}); that update was not applied")
 
         stages["train"] = time.monotonic() - t_train - stages["logprob"]
-        return losses, grad_norms, per_mb, empty_updates, len(chunks)
+        return UpdateResult(losses, grad_norms, per_mb, len(chunks), empty_updates)
 
-    def _record(self, step, rows: Rows, own, intake: IntakeResult, rescues, gate_open, metrics: dict, losses, grad_norms, per_mb,
-                empty_updates: int, n_updates: int, stages: dict, t0: float) -> dict:
+    def _record(self, step: int, rows: Rows, own: list[Received], intake: IntakeResult, rescues: list, gate_open, metrics: dict,
+                update: UpdateResult, stages: dict, t0: float) -> dict:
         """The step's metrics record (and the running totals)."""
+        losses, grad_norms, per_mb = update.losses, update.grad_norms, update.per_minibatch
         for k, v in intake.rejected.items():
             self.totals[f"rejected_{k}"] += v
         peer_used = rows.count(PEER)
@@ -472,8 +482,8 @@ class Learner:
             "kl": kl_value if kl_value is not None else 0.0,
             "clip_frac": metrics.pop("clip_frac", None) if "clip_frac" in metrics else metrics.get("self_clip_frac"),
             "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-            "updates": n_updates,
-            "empty_updates": empty_updates,
+            "updates": update.updates,
+            "empty_updates": update.empty_updates,
             "shared_in": shared_in,
             "peer_rows": peer_used,
             "own_rollouts": len(own),
