@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -114,16 +115,21 @@ def rendezvous_store(host: str, port: int, world: int, is_master: bool, timeout_
 
 
 def weight_group(host: str, port: int, rank: int, world: int, backend: str = "gloo", timeout_s: float = 300.0,
-                 store: dist.Store | None = None, prefix: str = "mutualrl-weights") -> dist.ProcessGroup:
+                 store: dist.Store | None = None, prefix: str = "mutualrl-weights", join_timeout_s: float | None = None) -> dist.ProcessGroup:
     """A process group for weight updates only (rank 0 the learner, 1.. the HF engine receivers),
     apart from any training group, over a TCP rendezvous at ``host:port`` that rank 0 hosts.
     ``store``: an open store to reuse (the learner keeps its server across versions); ``prefix``
-    keeps the groups built on one store apart."""
+    keeps the groups built on one store apart; ``join_timeout_s``: how long the rendezvous waits
+    for the other ranks (``timeout_s`` then bounds each transfer)."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    base = store if store is not None else rendezvous_store(host, port, world, rank == 0, timeout_s)
+    base = store if store is not None else rendezvous_store(host, port, world, rank == 0, join_timeout_s or timeout_s)
     scoped = dist.PrefixStore(prefix, base)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(scoped, rank, world, timeout)
+        if join_timeout_s is None:
+            return dist.ProcessGroupGloo(scoped, rank, world, timeout)
+        group = dist.ProcessGroupGloo(scoped, rank, world, datetime.timedelta(seconds=join_timeout_s))  # the rendezvous
+        group.set_timeout(timeout)  # each transfer
+        return group
     if backend == "nccl":
         return dist.ProcessGroupNCCL(scoped, rank, world)
     raise ValueError(f"weight group backend must be gloo or nccl; got {backend!r}")
@@ -226,11 +232,27 @@ def hf_sender(host: str, port: int, receivers: int = 1, backend: str = "gloo", t
     return CollectiveSender(connect, device)
 
 
+JOIN_RETRY_S = 10.0
+
+
 def hf_receiver(host: str, port: int, rank: int = 1, receivers: int = 1, backend: str = "gloo", timeout_s: float = 300.0,
-                device: str = "cpu") -> CollectiveReceiver:
+                device: str = "cpu", newest: Callable[[], int] | None = None) -> CollectiveReceiver:
     """An HF engine's end: for each announced version it connects to the learner's store and joins
-    that version's group."""
+    that version's group. It waits at most ``timeout_s`` for the learner, re-checking every
+    ``JOIN_RETRY_S`` whether ``newest()`` (the newest announced version) has moved past it: a
+    version whose learner died before sending it is then given up (ValueError), never waited on
+    while the restarted learner waits in the next version's group."""
     def connect(version: int) -> dist.ProcessGroup:
-        return weight_group(host, port, rank, 1 + receivers, backend, timeout_s, prefix=f"v{version}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return weight_group(host, port, rank, 1 + receivers, backend, timeout_s, prefix=f"v{version}",
+                                    join_timeout_s=min(JOIN_RETRY_S, timeout_s))
+            except (RuntimeError, TimeoutError) as e:  # the store is gone (learner restarting) or the learner is not there yet
+                if newest is not None and newest() > version:
+                    raise ValueError(f"weights version {version} was superseded before the learner sent it") from e
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
 
     return CollectiveReceiver(connect, device)

@@ -37,10 +37,11 @@ def probe_engine(cfg: EngineConfig) -> dict:
     return {"engine": eng.kind, "version": eng.engine_version, **eng.capabilities}
 
 
-def rollout_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None) -> WeightTransport:
+def rollout_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None, newest=None) -> WeightTransport:
     """What the rollout service loads weights through: the shared directory (filesystem); with the
     collective transport, the hf engine's receiving end of the learner's weight group (it joins each
-    announced version's group) — a vLLM/SGLang server joins once itself (:func:`join_engine_group`)."""
+    announced version's group; ``newest()`` — the newest announced version — lets it give up one
+    that was superseded) — a vLLM/SGLang server joins once itself (:func:`join_engine_group`)."""
     p = cfg.policies[index]
     if cfg.weights.transport == "filesystem" or p.engine.backend != "hf":
         return WeightStore(weights_dir)
@@ -48,7 +49,7 @@ def rollout_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_gr
         raise ValueError(f"{p.name}: weights.transport collective needs the learner's weight group address (--weights-group host:port)")
     host, port = parse_address(weights_group)
     backend = resolve_backend(cfg.weights.backend, p.engine.backend, p.engine.device)
-    return hf_receiver(host, port, 1, 1, backend, cfg.weights.timeout_s, device=p.engine.device if backend == "nccl" else "cpu")
+    return hf_receiver(host, port, 1, 1, backend, cfg.weights.timeout_s, device=p.engine.device if backend == "nccl" else "cpu", newest=newest)
 
 
 def join_engine_group(cfg: ExperimentConfig, index: int, engine: RolloutEngine, weights_group: str | None) -> None:

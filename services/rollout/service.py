@@ -37,7 +37,11 @@ def run_rollout_service(args: ServiceArgs) -> int:
     collective = cfg.weights.transport == "collective"
     if collective:
         log.info("joining the learner's weight group", extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
-    store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group)
+    def newest_announced() -> int:
+        wp = ctx.exchange.last("weights_published", p.name)
+        return int(wp.payload.version) if wp is not None else 0
+
+    store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group, newest=newest_announced)
     engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source, collective=collective)
     join_engine_group(cfg, ctx.index, engine, args.weights_group)
     registry = CollectorRegistry()

@@ -158,3 +158,20 @@ def test_an_hf_engine_serves_exactly_the_learners_weights(pair, arithmetic_task)
     for k, v in learner.model.state_dict().items():
         assert torch.equal(after[k], v), k
     assert [[s.token_ids for s in g] for g in engine.generate(prompts, greedy)] == [[s.token_ids for s in g] for g in reference.generate(prompts, greedy)]
+
+
+def test_a_version_whose_learner_died_before_sending_is_given_up_once_superseded(monkeypatch):
+    """A receiver waiting in version 3's group, whose learner died, gives it up as soon as version 4
+    is announced (the restarted learner waits in version 4's group), instead of waiting it out."""
+    from mutualrl.weights import transport
+
+    monkeypatch.setattr(transport, "JOIN_RETRY_S", 1.0)
+    port = free_port()
+    sender = hf_sender("127.0.0.1", port, timeout_s=60)
+    receiver = hf_receiver("127.0.0.1", port, timeout_s=60, newest=lambda: 4)
+    transfer("collective", sender, "p", 1, _state(1), receiver.get)  # the store is up (the learner's first version)
+    manifest = TensorManifest.of(_state(3))
+    with pytest.raises(ValueError, match="superseded"):
+        receiver.get("collective://p/3", None, manifest)
+    _, _, got = transfer("collective", sender, "p", 4, _state(4), receiver.get)
+    assert torch.equal(got["w"], _state(4)["w"])
