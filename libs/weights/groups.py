@@ -84,8 +84,10 @@ def learner_sender(engine: str, host: str, port: int, receivers: int, backend: s
     return CollectiveSender(lambda version: channel, device)
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """``host:port`` → (host, port), with a message naming what is wrong."""
+def parse_address(address: str | None, policy: str = "") -> tuple[str, int]:
+    """``host:port`` → (host, port), with a message naming what is missing or wrong."""
+    if not address:
+        raise ValueError(f"{policy}: weights.transport collective needs the weight group's address (--weights-group host:port)")
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"weights group address must be host:port; got {address!r}")

@@ -77,9 +77,7 @@ def learner_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_gr
     if cfg.weights.transport == "filesystem":
         return WeightStore(weights_dir)
     p = cfg.policies[index]
-    if not weights_group:
-        raise ValueError(f"{p.name}: weights.transport collective needs the weight group's address (--weights-group host:port)")
-    host, port = parse_address(weights_group)
+    host, port = parse_address(weights_group, p.name)
     backend = resolve_backend(cfg.weights.backend, p.engine.backend, p.engine.device)
     receivers = 1 if p.engine.backend == "hf" else p.resources.rollout_tp  # one engine: its TP workers (docs/engines.md §4)
     device = p.engine.device if p.engine.device.startswith("cuda") else ("cuda" if backend == "nccl" else "cpu")

@@ -45,9 +45,7 @@ def rollout_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_gr
     p = cfg.policies[index]
     if cfg.weights.transport == "filesystem" or p.engine.backend != "hf":
         return WeightStore(weights_dir)
-    if not weights_group:
-        raise ValueError(f"{p.name}: weights.transport collective needs the learner's weight group address (--weights-group host:port)")
-    host, port = parse_address(weights_group)
+    host, port = parse_address(weights_group, p.name)
     backend = resolve_backend(cfg.weights.backend, p.engine.backend, p.engine.device)
     return hf_receiver(host, port, 1, 1, backend, cfg.weights.timeout_s, device=p.engine.device if backend == "nccl" else "cpu", newest=newest)
 
@@ -58,13 +56,11 @@ def join_engine_group(cfg: ExperimentConfig, index: int, engine: RolloutEngine, 
     p = cfg.policies[index]
     if cfg.weights.transport != "collective" or not isinstance(engine, (VLLMServerEngine, SGLangServerEngine)):
         return
-    if not weights_group:
-        raise ValueError(f"{p.name}: weights.transport collective needs the learner's weight group address (--weights-group host:port)")
+    host, port = parse_address(weights_group, p.name)
     receivers = engine.weight_receivers()
     if receivers != p.resources.rollout_tp:
         raise EngineUnavailable(f"{p.name}: the {engine.kind} server at {p.engine.url} has {receivers} workers but resources.rollout_tp is "
                                 f"{p.resources.rollout_tp}: the learner sizes the weight group from rollout_tp")
-    host, port = parse_address(weights_group)
     if isinstance(engine, SGLangServerEngine):
         engine.join_weight_group(host, port, 1 + receivers, backend=resolve_backend(cfg.weights.backend, "sglang", p.engine.device),
                                  timeout_s=cfg.weights.timeout_s)

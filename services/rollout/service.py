@@ -37,18 +37,19 @@ def run_rollout_service(args: ServiceArgs) -> int:
     collective = cfg.weights.transport == "collective"
     if collective:
         log.info("joining the learner's weight group", extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
-    def newest_announced() -> int:
+    def announced() -> tuple[int, str] | None:
+        """The newest (version, checksum) this policy's learner announced on SEE."""
         wp = ctx.exchange.last("weights_published", p.name)
-        return int(wp.payload.version) if wp is not None else 0
+        return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
+
+    def newest_announced() -> int:
+        newest = announced()
+        return newest[0] if newest else 0
 
     store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group, newest=newest_announced)
     engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source, collective=collective)
     join_engine_group(cfg, ctx.index, engine, args.weights_group)
     registry = CollectorRegistry()
-    def announced() -> tuple[int, str] | None:
-        wp = ctx.exchange.last("weights_published", p.name)
-        return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
-
     c = pp.arts.model.config
     keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
     key = keyring.key(f"{p.name}.learner") if keyring is not None else None
@@ -136,8 +137,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
     def newest_handled() -> bool:
         if follow_error:
             raise RuntimeError(f"weights follower failed: {follow_error[0]}") from follow_error[0]
-        wp = ctx.exchange.last("weights_published", p.name)
-        return wp is None or max(weights["handled"], engine.info().weights_version) >= int(wp.payload.version)
+        return max(weights["handled"], engine.info().weights_version) >= newest_announced()
 
     threading.Thread(target=follow, name="weights-follower", daemon=True).start()
     try:
