@@ -43,8 +43,9 @@ class ModelConfig(_Strict):
 class TokenizerConfig(_Strict):
     """Either a ``kind`` trained on the task corpus or a ``path`` to an existing tokenizer."""
 
-    kind: Optional[Literal["char", "bpe", "bpe-digits", "unigram", "wordpiece", "qwen2.5"]] = Field(
-        None, description="Train this kind of tokenizer on the task corpus, or `qwen2.5`: the real Qwen2.5 vocabulary (151,646 tokens), rebuilt offline.")
+    kind: Optional[Literal["char", "bpe", "bpe-digits", "unigram", "wordpiece", "qwen2.5", "qwen2.5-task"]] = Field(
+        None, description="Train this kind of tokenizer on the task corpus, or `qwen2.5`: the real Qwen2.5 vocabulary (151,646 tokens), rebuilt offline; "
+        "`qwen2.5-task`: Qwen2.5's tokenizer keeping only the tokens that spell the task's characters (and the 256 byte tokens): task text is segmented exactly as by the whole vocabulary, at a fraction of its output layer's cost.")
     path: Optional[str] = Field(None, description="Load a tokenizer from this directory; defaults to model.path when the model is loaded.")
     vocab_size: int = Field(300, ge=16, description="Target vocabulary for bpe/unigram (char uses every character seen).")
     chat_template: Optional[bool] = Field(None, description="Render prompts with the tokenizer's chat template; None = when it has one.")

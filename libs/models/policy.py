@@ -70,6 +70,7 @@ def _atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
 
 
 PRODUCTION_KIND = "qwen2.5"  # a production vocabulary (151,646 tokens), rebuilt offline, not trained
+PRODUCTION_TASK_KIND = "qwen2.5-task"  # the same, trimmed to the tokens that spell the task's text
 
 
 def load_policy(
@@ -134,6 +135,13 @@ def policy_tokenizer(
         from mutualrl.models.production import qwen25_tokenizer  # it imports this module's cache helpers
 
         return qwen25_tokenizer(cache_dir), ("production", PRODUCTION_KIND)
+    if tokenizer_kind == PRODUCTION_TASK_KIND:
+        if corpus is None:
+            raise ValueError("tokenizer kind qwen2.5-task needs the task corpus (its characters are the alphabet kept)")
+        from mutualrl.models.production import qwen25_task_tokenizer
+
+        tok = qwen25_task_tokenizer({c for text in corpus() for c in text}, cache_dir)
+        return tok, ("production", PRODUCTION_TASK_KIND, tokenizer_fingerprint(tok))
     if not tokenizer_kind or corpus is None:
         raise ValueError("a built policy needs a tokenizer kind and a corpus (or a tokenizer path)")
     return _cached_tokenizer(tokenizer_kind, vocab_size, corpus, corpus_fingerprint, cache_dir)
