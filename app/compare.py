@@ -22,6 +22,7 @@ Each run writes ``<out>/runs/<entry>/<pair>/seed<k>/`` (the files of `mutualrl r
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -95,11 +96,24 @@ def _train_one(runner: Callable, cfg, d: Path, threads: int | None) -> None:
     runner(cfg, d)
 
 
+SESSIONS = "sessions.jsonl"
+
+
+def _log_session(out: Path, session: float, event: str, **fields) -> None:
+    """One line per compare invocation's start and per run it finished, so the wall time a whole
+    compare took is known even when it was interrupted and resumed (each invocation counts from its
+    start to its last finished run)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / SESSIONS).open("a") as f:
+        f.write(json.dumps({"session": session, "t": time.time(), "event": event, **fields}) + "\n")
+
+
 def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[int, int, str], None] = lambda i, n, s: None,
             jobs: int = 1) -> list[Path]:
     """Every (entry, pair, seed) not finished yet; ``runner(cfg, dir)`` trains one (run_embedded).
     ``jobs`` > 1 trains that many at once in worker processes, each with ``cores // jobs`` torch
     threads (``runner`` must then be a module-level function)."""
+    session = time.time()
     todo = spec.runs()
     pending: list[tuple[str, object, Path]] = []  # (label, config, run dir)
     done: list[Path] = []
@@ -112,11 +126,14 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[
             continue
         sets = [*spec.entries[entry], f"seed={seed}", *([f"budget.steps={spec.steps}"] if spec.steps else [])]
         pending.append((label, load_config(spec.pairs[pair], sets), d))  # every config is checked before the first run starts
+    if pending:
+        _log_session(out, session, "start", jobs=jobs, pending=len(pending))
     if jobs <= 1:
         for label, cfg, d in pending:
             progress(len(done), len(todo), label)
             runner(cfg, d)
             done.append(d)
+            _log_session(out, session, "run", run=label)
             progress(len(done), len(todo), label)
         return done
     import multiprocessing
@@ -136,6 +153,7 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[
                         other.cancel()
                     raise f.exception()
                 done.append(d)
+                _log_session(out, session, "run", run=label)
                 progress(len(done), len(todo), label)
     return done
 
@@ -190,7 +208,32 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 row["paired_vs_baseline"] = paired(finals, b_finals) if set(finals) & set(b_finals) and entry != spec.baseline else None
                 pair_out[entry][policy] = row
         results["pairs"][pair] = pair_out
+    results["compute"] = compute(spec, out)
     return results
+
+
+def compute(spec: CompareSpec, out: Path) -> dict:
+    """What the finished runs cost: their count, the sum of their wall times, and the wall time of
+    the compare itself (each invocation from its start to its last finished run, summed)."""
+    runs = [json.loads((run_dir(out, e, p, s) / "summary.json").read_text()) for e, p, s in spec.runs()
+            if (run_dir(out, e, p, s) / "summary.json").is_file()]
+    sessions: dict[float, list[float]] = {}
+    jobs: set[int] = set()
+    log = out / SESSIONS
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        try:
+            rec = json.loads(line)
+            sessions.setdefault(float(rec["session"]), []).append(float(rec["t"]))
+            if rec.get("event") == "start":
+                jobs.add(int(rec.get("jobs", 1)))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a kill mid-write
+    return {
+        "runs": len(runs), "of": len(spec.runs()),
+        "run_seconds": round(sum(r.get("elapsed_s", 0.0) for r in runs), 1),
+        "wall_seconds": round(sum(max(ts) - s for s, ts in sessions.items()), 1),
+        "invocations": len(sessions), "jobs": sorted(jobs),
+    }
 
 
 def _fmt(x: dict | None, pct: bool = True) -> str:
@@ -207,6 +250,11 @@ def report_md(results: dict) -> str:
              "Accuracy is held-out greedy accuracy (points); ± is a 95 % confidence interval over seeds (Student's t). "
              "Rollouts-to-target: rollouts an entry needs to reach the baseline's final accuracy, over the baseline's "
              "(never reaching it counts as twice the budget). Paired: entry − baseline on the same seeds.", ""]
+    c = results.get("compute")
+    if c:
+        lines += [f"Compute: {c['runs']} of {c['of']} runs, {c['run_seconds'] / 3600:.2f} h of run time; the compare took "
+                  f"{c['wall_seconds'] / 3600:.2f} h of wall time over {c['invocations']} invocation(s) with --jobs "
+                  f"{'/'.join(map(str, c['jobs'])) or '–'}.", ""]
     for pair, entries in results["pairs"].items():
         policies = sorted({p for e in entries.values() for p in e})
         lines += [f"## {pair}", "", "| entry | policy | final accuracy | gain | AUC | rollouts to target (×) | paired vs baseline |", "|---|---|---|---|---|---|---|"]

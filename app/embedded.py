@@ -72,6 +72,7 @@ def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None
 
 def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_dir: Path | None, stack: ExitStack) -> dict:
     rep = reporter or Reporter()
+    started = time.monotonic()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +119,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     rep.phase("training")
     recent: list[dict] = []
     last_eval: dict[str, float] = {rt.name: rt.warm_accuracy for rt in runtimes}
+    rl_started = time.monotonic()
     for step in range(1, cfg.budget.steps + 1):
         problems = distributor.batch(step)
         gen = {}
@@ -149,6 +151,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
             recent.append(rec)
         rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
     writer.close()
+    finished_rl = time.monotonic()
 
     rep.phase("writing checkpoints and summary")
     for rt in runtimes:
@@ -165,6 +168,11 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
         "name": cfg.name,
         "sharing_mode": cfg.sharing.mode,
         "steps": cfg.budget.steps,
+        # wall seconds of the whole run and of its RL steps (evaluations included, warm starts,
+        # model loading and the final checkpoints not): what a compare's budget is made of
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "rl_s": round(finished_rl - rl_started, 1),
+        "threads": torch.get_num_threads(),
         "policies": {
             rt.name: {
                 "source": rt.artifacts.source,

@@ -38,7 +38,7 @@ def _fake_run(calls: list, fail_at: int | None = None):
             recs += [{"step": 0, "policy": p.name, "rollouts": 0, "eval_accuracy": start},
                      {"step": 2, "policy": p.name, "rollouts": 256, "eval_accuracy": start + gain}]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-        (d / "summary.json").write_text(json.dumps({"policies": {p.name: {"warm_start_accuracy": 0.2 + 0.01 * cfg.seed,
+        (d / "summary.json").write_text(json.dumps({"elapsed_s": 10.0, "policies": {p.name: {"warm_start_accuracy": 0.2 + 0.01 * cfg.seed,
                                                                           "final_accuracy": 0.2 + 0.01 * cfg.seed + gain, "rollouts": 256}
                                                                  for p in cfg.policies}}))
     return run
@@ -53,6 +53,28 @@ def test_an_interrupted_compare_resumes_without_rerunning(tmp_path):
     again: list = []
     run_all(spec, tmp_path / "out", _fake_run(again))
     assert len(again) == 6 - 3 and set(calls).isdisjoint(again)  # only the unfinished runs
+
+
+def test_the_report_says_what_the_compare_cost_over_interrupted_invocations(tmp_path):
+    """Run time is the sum of the runs' own wall times; the compare's wall time sums each
+    invocation from its start to its last finished run, so an interrupt does not lose it."""
+    spec = CompareSpec.load(_spec(tmp_path))
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_all(spec, out, _fake_run([], fail_at=2))
+    run_all(spec, out, _fake_run([]))
+    with (out / "sessions.jsonl").open("a") as f:
+        f.write('{"session": 1.0, "t"')  # a line cut by a kill mid-write is skipped
+    lines = [json.loads(x) for x in (out / "sessions.jsonl").read_text().splitlines()[:-1]]
+    assert [x["event"] for x in lines] == ["start", "run", "run", "start", "run", "run", "run", "run"]
+    first, second = lines[0]["session"], lines[3]["session"]
+    expected = (lines[2]["t"] - first) + (lines[-1]["t"] - second)
+    c = write_report(spec, out)["compute"]
+    assert c["runs"] == c["of"] == 6 and c["run_seconds"] == 60.0 and c["invocations"] == 2 and c["jobs"] == [1]
+    assert c["wall_seconds"] == pytest.approx(expected, abs=0.1)
+    assert "Compute: 6 of 6 runs, 0.02 h of run time" in (out / "report.md").read_text()
+    run_all(spec, out, _fake_run([]))  # nothing left to run: no invocation recorded
+    assert write_report(spec, out)["compute"]["invocations"] == 2
 
 
 def test_report_holds_final_accuracy_gain_and_rollouts_to_target(tmp_path):
