@@ -10,7 +10,7 @@ A SPEC file::
     quick: {seeds: [0, 1], steps: 20} # what `--quick` runs instead (optional; may also narrow
                                       # entries: [...] and pairs: [...])
     pairs:                            # each a full experiment file (two or more policies)
-      char-vs-bpe: examples/evidence/pair-char-bpe.yaml
+      q25-char: examples/evidence/pair-q25-char.yaml
     entries:                          # overrides applied to every pair's file
       isolated-grpo: ["sharing.mode=none"]
       sgt: ["sharing.mode=sgt"]
