@@ -74,6 +74,12 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
             on_progress=lambda s, a, n=p.name: phase(f"[{n}] warm start step {s}: validation {a:.1%}"),
         )
         steps = ws.steps
+        if ws.accuracy < p.warm_start.target_accuracy:
+            # RL from a policy that never learned the task has no signal to amplify: say so
+            # loudly instead of training for the whole budget on all-fail groups
+            phase(f"[{p.name}] WARNING: warm start stopped at max_steps ({ws.steps}) with validation {ws.accuracy:.1%}, "
+                  f"below its target {p.warm_start.target_accuracy:.0%}; RL will see few successes "
+                  "(raise warm_start.max_steps or lr, or pick another base_seed)")
     return PreparedPolicy(p, index, arts, steps)
 
 

@@ -44,3 +44,25 @@ def test_checks_never_see_held_out_problems(arithmetic_task, tokenizers, tmp_pat
     validation = {p.prompt for p in arithmetic_task.train[-8:]}
     assert len(checked) == 3 * 8  # at step 0, 2 and 4
     assert set(checked) == validation and not set(checked) & held_out
+
+
+def test_a_warm_start_that_misses_its_target_says_so(tmp_path):
+    """A warm start that runs out of steps below its target is reported, not passed over: RL from a
+    policy that never learned the task would spend its whole budget on all-fail groups."""
+    from mutualrl.config import parse_config
+    from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy
+
+    cfg = parse_config("""
+name: t
+policies:
+  - name: tiny
+    model: {family: llama, hidden_size: 32, num_layers: 1, num_heads: 4, intermediate_size: 64, max_positions: 32}
+    tokenizer: {kind: char}
+    warm_start: {target_accuracy: 1.0, max_steps: 2, check_every: 1, batch_size: 4}
+task: {name: arithmetic, min_digits: 1, max_digits: 1, train_size: 64, eval_size: 8}
+""", "t")
+    task, verifier = build_task_from_config(cfg)
+    said: list[str] = []
+    prepared = prepare_policy(cfg, 0, task, verifier, tmp_path, said.append)
+    assert prepared.warm_steps == 2
+    assert any("WARNING: warm start stopped at max_steps (2)" in s and "below its target 100%" in s for s in said), said
