@@ -133,6 +133,13 @@ class PolicyConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    init_seed: Optional[int] = Field(
+        None, description="Seed of this policy's initial weights and warm start (built models); default: the experiment's "
+        "base_seed (else seed) plus the policy's index. Pins a starting point when policies are reordered or regrouped.")
+
+    def start_seed(self, experiment_start_seed: int, index: int) -> int:
+        """The seed of this policy's initial weights and warm start."""
+        return self.init_seed if self.init_seed is not None else experiment_start_seed + index
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> "PolicyConfig":

@@ -66,3 +66,21 @@ task: {name: arithmetic, min_digits: 1, max_digits: 1, train_size: 64, eval_size
     prepared = prepare_policy(cfg, 0, task, verifier, tmp_path, said.append)
     assert prepared.warm_steps == 2
     assert any("WARNING: warm start stopped at max_steps (2)" in s and "below its target 100%" in s for s in said), said
+
+
+def test_init_seed_pins_a_policys_starting_point_wherever_it_is_listed(tmp_path):
+    """By default a policy's weights are seeded by base_seed + its index, so reordering a pair
+    changes them; ``init_seed`` keeps one starting point across pairs and orders."""
+    from mutualrl.config import parse_config
+    from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy
+
+    def sources(order: list[str], pinned: bool) -> dict[str, str]:
+        pol = {n: f"{{name: {n}, model: {{family: llama, hidden_size: 32, num_layers: 1, num_heads: 4, intermediate_size: 64, max_positions: 32}}, "
+                  f"tokenizer: {{kind: char}}, warm_start: {{enabled: false}}{', init_seed: 7' if pinned and n == 'a' else ''}}}" for n in order}
+        cfg = parse_config("name: t\npolicies: [" + ", ".join(pol[n] for n in order) + "]\n"
+                           "task: {name: arithmetic, min_digits: 1, max_digits: 1, train_size: 64, eval_size: 8}\n", "t")
+        task, verifier = build_task_from_config(cfg)
+        return {p.name: prepare_policy(cfg, i, task, verifier, tmp_path).arts.source for i, p in enumerate(cfg.policies)}
+
+    assert sources(["a", "b"], False)["a"] != sources(["b", "a"], False)["a"]
+    assert sources(["a", "b"], True)["a"] == sources(["b", "a"], True)["a"]
