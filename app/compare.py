@@ -138,14 +138,14 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[
         return done
     import multiprocessing
     import os
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(_train_one, runner, cfg, d, threads): (label, d) for label, cfg, d in pending}
         remaining = set(futures)
         while remaining:
-            finished, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
+            finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)  # each run is logged as it ends
             for f in finished:
                 label, d = futures[f]
                 if f.exception() is not None:
@@ -214,20 +214,29 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
 
 def compute(spec: CompareSpec, out: Path) -> dict:
     """What the finished runs cost: their count, the sum of their wall times, and the wall time of
-    the compare itself (each invocation from its start to its last finished run, summed)."""
-    runs = [json.loads((run_dir(out, e, p, s) / "summary.json").read_text()) for e, p, s in spec.runs()
-            if (run_dir(out, e, p, s) / "summary.json").is_file()]
+    the compare itself: each invocation from its start to the last run it finished (its logged
+    events, and the summary.json times of runs finished after it started and before the next one
+    did, so a run whose event was never written still counts)."""
+    finished = [run_dir(out, e, p, s) / "summary.json" for e, p, s in spec.runs()]
+    finished = [f for f in finished if f.is_file()]
+    runs = [json.loads(f.read_text()) for f in finished]
     sessions: dict[float, list[float]] = {}
     jobs: set[int] = set()
     log = out / SESSIONS
     for line in log.read_text().splitlines() if log.is_file() else []:
         try:
             rec = json.loads(line)
-            sessions.setdefault(float(rec["session"]), []).append(float(rec["t"]))
+            sessions.setdefault(float(rec["session"]), [float(rec["session"])]).append(float(rec["t"]))
             if rec.get("event") == "start":
                 jobs.add(int(rec.get("jobs", 1)))
         except (ValueError, KeyError, TypeError):
             continue  # a line cut by a kill mid-write
+    starts = sorted(sessions)
+    for f in finished:
+        t = f.stat().st_mtime
+        owner = [s for s in starts if s <= t]
+        if owner:
+            sessions[owner[-1]].append(t)
     return {
         "runs": len(runs), "of": len(spec.runs()),
         "run_seconds": round(sum(r.get("elapsed_s", 0.0) for r in runs), 1),

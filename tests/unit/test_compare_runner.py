@@ -160,3 +160,21 @@ def load_first(spec):
 
     e, p, s = spec.runs()[0]
     return load_config(spec.pairs[p], [*spec.entries[e], f"seed={s}"])
+
+
+def test_a_run_whose_event_was_never_logged_still_counts_in_the_wall_time(tmp_path):
+    """An invocation killed before it logged its finished runs: each finished run's summary time is
+    given to the latest invocation that started before it."""
+    import os
+
+    from mutualrl.app.compare import compute
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    out = tmp_path / "out"
+    run_all(spec, out, _fake_run([]))
+    (out / "sessions.jsonl").write_text('{"session": 1000.0, "t": 1000.0, "event": "start", "jobs": 2}\n'
+                                        '{"session": 5000.0, "t": 5000.0, "event": "start", "jobs": 2}\n')
+    for i, (e, p, s) in enumerate(spec.runs()):
+        os.utime(out / "runs" / e / p / f"seed{s}" / "summary.json", (0, 1100.0 + 100 * i if i < 3 else 5050.0 + 10 * i))
+    c = compute(spec, out)
+    assert c["invocations"] == 2 and c["wall_seconds"] == pytest.approx((1300 - 1000) + (5100 - 5000))
