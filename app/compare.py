@@ -245,13 +245,33 @@ def compute(spec: CompareSpec, out: Path) -> dict:
     }
 
 
-def _fmt(x: dict | None, pct: bool = True) -> str:
+def _fmt(x: dict | None, pct: bool = True, signed: bool = False) -> str:
     if x is None:
         return "–"
     m, h = x["mean"], x["ci95"]
     if pct:
-        return f"{m * 100:+.1f}" if h is None else f"{m * 100:.1f} ± {h * 100:.1f}"
+        mean = f"{m * 100:+.1f}" if signed else f"{m * 100:.1f}"
+        return mean if h is None else f"{mean} ± {h * 100:.1f}"
     return f"{m:.2f}" if h is None else f"{m:.2f} ± {h:.2f}"
+
+
+def summary_table(results: dict, pair: str) -> str:
+    """One pair as a compact table — an entry per row, a policy per column, final held-out accuracy
+    (mean ± 95 % CI) and its paired difference against the baseline: what the README shows."""
+    entries = results["pairs"].get(pair, {})
+    policies = sorted({p for e in entries.values() for p in e})
+    rows = ["| entry | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
+    for entry, per in entries.items():
+        cells = []
+        for policy in policies:
+            r = per.get(policy)
+            if r is None:
+                cells.append("–")
+                continue
+            d = r["paired_vs_baseline"]
+            cells.append(_fmt(r["final_accuracy"]) + (f" ({_fmt(d, signed=True)})" if d else "") + f", n={len(r['seeds'])}")
+        rows.append(f"| {entry} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def report_md(results: dict) -> str:
@@ -272,8 +292,8 @@ def report_md(results: dict) -> str:
                 r = per.get(policy)
                 if r is None:
                     continue
-                lines.append(f"| {entry} | {policy} | {_fmt(r['final_accuracy'])} | {_fmt(r['gain'])} | {_fmt(r['auc'])} | "
-                             f"{_fmt(r['rollouts_to_target_ratio'], pct=False)} | {_fmt(r['paired_vs_baseline'])} |")
+                lines.append(f"| {entry} | {policy} | {_fmt(r['final_accuracy'])} | {_fmt(r['gain'], signed=True)} | {_fmt(r['auc'])} | "
+                             f"{_fmt(r['rollouts_to_target_ratio'], pct=False)} | {_fmt(r['paired_vs_baseline'], signed=True)} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -178,3 +178,15 @@ def test_a_run_whose_event_was_never_logged_still_counts_in_the_wall_time(tmp_pa
         os.utime(out / "runs" / e / p / f"seed{s}" / "summary.json", (0, 1100.0 + 100 * i if i < 3 else 5050.0 + 10 * i))
     c = compute(spec, out)
     assert c["invocations"] == 2 and c["wall_seconds"] == pytest.approx((1300 - 1000) + (5100 - 5000))
+
+
+def test_the_summary_table_puts_policies_in_columns_with_paired_differences(tmp_path):
+    from mutualrl.app.compare import summary_table
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", _fake_run([]))
+    table = summary_table(write_report(spec, tmp_path / "out"), "demo").splitlines()
+    assert table[0] == "| entry | llama-char | qwen-bpe |"
+    # grpo: 21 + 5 points over seeds 0..2 -> 26.0 ± 2.5 (t(2) = 4.303 · sd 0.01 / sqrt(3)); sgt 5 points above on every seed
+    assert table[2] == "| grpo | 26.0 ± 2.5, n=3 | 26.0 ± 2.5, n=3 |"
+    assert table[3] == "| sgt | 31.0 ± 2.5 (+5.0 ± 0.0), n=3 | 31.0 ± 2.5 (+5.0 ± 0.0), n=3 |"
