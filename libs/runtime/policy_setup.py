@@ -79,7 +79,7 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
             # loudly instead of training for the whole budget on all-fail groups
             phase(f"[{p.name}] WARNING: warm start stopped at max_steps ({ws.steps}) with validation {ws.accuracy:.1%}, "
                   f"below its target {p.warm_start.target_accuracy:.0%}; RL will see few successes "
-                  "(raise warm_start.max_steps or lr, or pick another base_seed)")
+                  "(raise warm_start.max_steps or lr, or pin another policies[].init_seed)")
     return PreparedPolicy(p, index, arts, steps)
 
 
