@@ -169,15 +169,18 @@ def _curves(d: Path) -> dict[str, list[tuple[float, float]]]:
 def analyse(spec: CompareSpec, out: Path) -> dict:
     """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95),
     rollouts-to-target ratio against the baseline, and paired differences."""
-    results: dict = {"name": spec.name, "baseline": spec.baseline, "seeds": spec.seeds, "steps": spec.steps, "pairs": {}}
+    results: dict = {"name": spec.name, "baseline": spec.baseline, "seeds": spec.seeds, "steps": spec.steps, "pairs": {}, "steps_by_pair": {}}
     for pair in spec.pairs:
         per: dict[str, dict[str, dict[int, dict]]] = {}
+        steps_seen: set[int] = set()
         for entry in spec.entries:
             for seed in spec.seeds:
                 d = run_dir(out, entry, pair, seed)
                 if not (d / "summary.json").is_file():
                     continue
                 summary = json.loads((d / "summary.json").read_text())
+                if summary.get("steps") is not None:
+                    steps_seen.add(int(summary["steps"]))
                 curves = _curves(d)
                 for policy, p in summary["policies"].items():
                     per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
@@ -208,6 +211,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 row["paired_vs_baseline"] = paired(finals, b_finals) if set(finals) & set(b_finals) and entry != spec.baseline else None
                 pair_out[entry][policy] = row
         results["pairs"][pair] = pair_out
+        results["steps_by_pair"][pair] = sorted(steps_seen)
     results["compute"] = compute(spec, out)
     return results
 
@@ -274,8 +278,16 @@ def summary_table(results: dict, pair: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _steps_text(results: dict) -> str:
+    """The RL steps per run: the compare's own budget, else what each pair's runs recorded."""
+    if results.get("steps"):
+        return f"{results['steps']} RL steps"
+    by_pair = {p: "/".join(map(str, v)) for p, v in (results.get("steps_by_pair") or {}).items() if v}
+    return "RL steps per pair: " + ", ".join(f"{p} {v}" for p, v in by_pair.items()) if by_pair else "RL steps from each pair's config"
+
+
 def report_md(results: dict) -> str:
-    lines = [f"# {results['name']}", "", f"Seeds {results['seeds']}, {results['steps']} steps; baseline `{results['baseline']}`. "
+    lines = [f"# {results['name']}", "", f"Seeds {results['seeds']}, {_steps_text(results)}; baseline `{results['baseline']}`. "
              "Accuracy is held-out greedy accuracy (points); ± is a 95 % confidence interval over seeds (Student's t). "
              "Rollouts-to-target: rollouts an entry needs to reach the baseline's final accuracy, over the baseline's "
              "(never reaching it counts as twice the budget). Paired: entry − baseline on the same seeds.", ""]

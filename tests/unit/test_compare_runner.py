@@ -190,3 +190,25 @@ def test_the_summary_table_puts_policies_in_columns_with_paired_differences(tmp_
     # grpo: 21 + 5 points over seeds 0..2 -> 26.0 ± 2.5 (t(2) = 4.303 · sd 0.01 / sqrt(3)); sgt 5 points above on every seed
     assert table[2] == "| grpo | 26.0 ± 2.5, n=3 | 26.0 ± 2.5, n=3 |"
     assert table[3] == "| sgt | 31.0 ± 2.5 (+5.0 ± 0.0), n=3 | 31.0 ± 2.5 (+5.0 ± 0.0), n=3 |"
+
+
+def test_the_report_names_each_pairs_steps_when_the_spec_sets_none(tmp_path):
+    """Without `steps:` in the spec every pair runs its own budget.steps: the report says how many
+    each pair's runs recorded rather than printing 'None steps'."""
+    from mutualrl.app.compare import report_md
+
+    (tmp_path / "spec.yaml").write_text(_spec(tmp_path).read_text().replace("steps: 2\n", ""))
+    spec = CompareSpec.load(tmp_path / "spec.yaml")
+    fake = _fake_run([])
+
+    def run(cfg, d: Path):
+        fake(cfg, d)
+        summary = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({**summary, "steps": cfg.budget.steps}))
+
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    steps = res["steps_by_pair"]["demo"]
+    assert res["steps"] is None and len(steps) == 1 and steps[0] > 0
+    assert f"RL steps per pair: demo {steps[0]};" in (tmp_path / "out" / "report.md").read_text()
+    assert "None steps" not in report_md({**res, "steps_by_pair": {}})
