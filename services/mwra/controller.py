@@ -21,7 +21,7 @@ from mutualrl.see.identity import derive_key
 from mutualrl.services.mwra.backends.base import Backend, BackendEvent, RunSpec
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.metrics import MwraMetrics
-from mutualrl.services.mwra.planner import MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, decide_replan, make_plan
+from mutualrl.services.mwra.planner import CALIBRATION_GAIN, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, decide_replan, make_plan
 
 
 def run_see_keys(cfg: ExperimentConfig) -> dict[str, str]:
@@ -51,6 +51,7 @@ class Experiment:
     moved_at: dict[str, int] = field(default_factory=dict)  # policy -> its newest step when its split last changed
     stale_reports: int = 0  # measurements dropped because the step ran on a split since replaced
     history: list[dict] = field(default_factory=list)  # plan generations with their reasons
+    calibrated: bool = False  # the first measured plan was judged (adopted or not): later ones are cost drift
 
     @property
     def remaining_steps(self) -> int:
@@ -59,13 +60,12 @@ class Experiment:
 
 class Controller:
     """Plans experiments onto the backend's GPUs and re-plans from measured step costs or lost nodes."""
-    def __init__(self, backend: Backend, registry: CollectorRegistry | None = None, leader=None, min_gain: float = 0.10,
-                 move_cost_s: float = 120.0, ema_alpha: float = 0.2):
+    def __init__(self, backend: Backend, registry: CollectorRegistry | None = None, leader=None, calibration_gain: float = CALIBRATION_GAIN):
         self.backend = backend
         self.registry = registry or CollectorRegistry()
         self.metrics = MwraMetrics(self.registry)
         self.leader = leader
-        self.min_gain, self.move_cost_s, self.ema_alpha = min_gain, move_cost_s, ema_alpha
+        self.calibration_gain = calibration_gain  # the hysteresis, move cost and EMA are each experiment's `mwra` settings
         self.experiments: dict[str, Experiment] = {}
         self.lock = threading.RLock()
         self.leading = leader is None
@@ -104,7 +104,7 @@ class Controller:
                             for p in cfg.policies if p.engine.backend != "hf"},
                            redis_users_secret=k.redis_users_secret, see_keys=run_see_keys(cfg),
                            weights_port=cfg.weights.port if cfg.weights.transport == "collective" else None)
-            exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=self.ema_alpha))
+            exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=cfg.mwra.ema_alpha))
             self.backend.apply(spec, plan)
             self.experiments[exp_id] = exp
             self._record(exp, plan, "initial")
@@ -128,7 +128,10 @@ class Controller:
                 return False
             raise
         if not force:
-            decision = decide_replan(demands, exp.plan, candidate, exp.remaining_steps, self.move_cost_s, self.min_gain)
+            # the first plan from measurements replaces seeded guesses: the simulator's rule, a small bar
+            m = exp.config.mwra
+            bar = self.calibration_gain if reason == "measured" else m.min_gain
+            decision = decide_replan(demands, exp.plan, candidate, exp.remaining_steps, m.move_cost_s, bar)
             if not decision.replan:
                 return False
         for name, a in candidate.allocations.items():
@@ -169,8 +172,9 @@ class Controller:
             exp.measured.observe(demand, a.rollout_gpus, a.learner_gpus, gen, train)
             if len(exp.measured.values) < len(exp.demands) or exp.status != "running":
                 return False
-            measured_before = any(h["reason"] != "initial" for h in exp.history)
-            return self.replan(exp, "cost_drift" if measured_before else "measured")
+            reason = "cost_drift" if exp.calibrated else "measured"
+            exp.calibrated = True
+            return self.replan(exp, reason)
 
     # ---- the loop ------------------------------------------------------------------------------
     def stop(self, exp_id: str) -> Experiment:

@@ -310,6 +310,12 @@ class ReplanDecision:
     candidate_step_seconds: float
 
 
+CALIBRATION_GAIN = 0.03
+"""The bar for the first plan made from measurements: it replaces seeded guesses (model size and
+tokens), which may be off by far more than the 10 % hysteresis meant for cost drift, so it needs only
+a small predicted gain and to pay for its move."""
+
+
 def decide_replan(
     demands: Sequence[PolicyDemand], current: Plan, candidate: Plan, remaining_steps: int, move_cost_s: float, min_gain: float = 0.10,
 ) -> ReplanDecision:

@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mutualrl.services.mwra.planner import (
-    Allocation, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, best_split, decide_replan, lower_bound_step_seconds,
+    CALIBRATION_GAIN, Allocation, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, best_split, decide_replan, lower_bound_step_seconds,
     make_plan, pack, role_times,
 )
 
@@ -197,7 +197,7 @@ class Mwra(Strategy):
 
     name = "mwra"
 
-    def __init__(self, move_cost_s: float, min_gain: float = 0.10, alpha: float = 0.2, calibration_gain: float = 0.03, max_horizon: float = 25.0):
+    def __init__(self, move_cost_s: float, min_gain: float = 0.10, alpha: float = 0.2, calibration_gain: float = CALIBRATION_GAIN, max_horizon: float = 25.0):
         super().__init__()
         self.max_horizon = max_horizon
         self.move_cost_s, self.min_gain, self.calibration_gain = move_cost_s, min_gain, calibration_gain
