@@ -55,13 +55,14 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
     """Load (or build) the policy and warm-start it; both are cached by content hash, so a
     second process preparing the same policy loads instead of recomputing."""
     p = cfg.policies[index]
+    start_seed = p.start_seed(cfg.start_seed, index)  # initial weights and warm start alike
     phase(f"[{p.name}] loading model")
     with input_errors(f"policy {p.name!r}"):
         arts = load_policy(
             path=p.model.path, family=p.model.family,
             shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size, p.model.max_positions),
             tokenizer_path=p.tokenizer.path, tokenizer_kind=p.tokenizer.kind, vocab_size=p.tokenizer.vocab_size,
-            corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=p.start_seed(cfg.start_seed, index), cache_dir=cache,
+            corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=start_seed, cache_dir=cache,
         )
     arts.model.to(p.engine.device)
     steps = 0
@@ -69,7 +70,7 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
         phase(f"[{p.name}] warm start (target {p.warm_start.target_accuracy:.0%})")
         ws = warm_start(
             arts.model, arts.tokenizer, task.train, verifier, p.warm_start,
-            source=arts.source, task_fingerprint=task.fingerprint(), seed=p.start_seed(cfg.start_seed, index),
+            source=arts.source, task_fingerprint=task.fingerprint(), seed=start_seed,
             max_new_tokens=cfg.budget.max_new_tokens, cache_dir=cache, chat_template=p.tokenizer.chat_template,
             on_progress=lambda s, a, n=p.name: phase(f"[{n}] warm start step {s}: validation {a:.1%}"),
         )

@@ -21,7 +21,7 @@ from mutualrl.see.identity import derive_key
 from mutualrl.services.mwra.backends.base import Backend, BackendEvent, RunSpec
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.metrics import MwraMetrics
-from mutualrl.services.mwra.planner import CALIBRATION_GAIN, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, decide_replan, make_plan
+from mutualrl.services.mwra.planner import CALIBRATION_GAIN, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, decide_replan, make_plan, replan_bar
 
 
 def run_see_keys(cfg: ExperimentConfig) -> dict[str, str]:
@@ -118,7 +118,7 @@ class Controller:
         self.backend.record_event(exp.spec, "Planned" if reason == "initial" else "Replanned",
                                   f"generation {plan.generation} ({reason}): " + ", ".join(f"{k} {a.rollout_gpus}+{a.learner_gpus}" for k, a in plan.allocations.items()))
 
-    def replan(self, exp: Experiment, reason: str, force: bool = False) -> bool:
+    def replan(self, exp: Experiment, reason: str, force: bool = False, min_gain: float | None = None) -> bool:
         # plan for the costs halfway through what is left, at most 25 steps ahead (as simulated)
         demands = exp.measured.apply(exp.demands, min(25.0, exp.remaining_steps / 2))
         try:
@@ -128,9 +128,8 @@ class Controller:
                 return False
             raise
         if not force:
-            # the first plan from measurements replaces seeded guesses: the simulator's rule, a small bar
             m = exp.config.mwra
-            bar = self.calibration_gain if reason == "measured" else m.min_gain
+            bar = m.min_gain if min_gain is None else min_gain
             decision = decide_replan(demands, exp.plan, candidate, exp.remaining_steps, m.move_cost_s, bar)
             if not decision.replan:
                 return False
@@ -172,9 +171,9 @@ class Controller:
             exp.measured.observe(demand, a.rollout_gpus, a.learner_gpus, gen, train)
             if len(exp.measured.values) < len(exp.demands) or exp.status != "running":
                 return False
-            reason = "cost_drift" if exp.calibrated else "measured"
+            reason, bar = replan_bar(exp.calibrated, exp.config.mwra.min_gain, self.calibration_gain)
             exp.calibrated = True
-            return self.replan(exp, reason)
+            return self.replan(exp, reason, min_gain=bar)
 
     # ---- the loop ------------------------------------------------------------------------------
     def stop(self, exp_id: str) -> Experiment:

@@ -316,6 +316,13 @@ tokens), which may be off by far more than the 10 % hysteresis meant for cost dr
 a small predicted gain and to pay for its move."""
 
 
+def replan_bar(calibrated: bool, min_gain: float, calibration_gain: float = CALIBRATION_GAIN) -> tuple[str, float]:
+    """(reason, minimum gain) for judging a plan made from measurements: the first judgement — adopted
+    or not — is calibration, every later one cost drift under the hysteresis. The controller and the
+    simulator both ask here, so the rule the simulator proves is the rule the controller runs."""
+    return ("cost_drift", min_gain) if calibrated else ("measured", calibration_gain)
+
+
 def decide_replan(
     demands: Sequence[PolicyDemand], current: Plan, candidate: Plan, remaining_steps: int, move_cost_s: float, min_gain: float = 0.10,
 ) -> ReplanDecision:

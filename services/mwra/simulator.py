@@ -26,7 +26,7 @@ import numpy as np
 
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN, Allocation, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, best_split, decide_replan, lower_bound_step_seconds,
-    make_plan, pack, role_times,
+    make_plan, pack, replan_bar, role_times,
 )
 
 
@@ -214,8 +214,7 @@ class Mwra(Strategy):
         if len(self.measured.values) < len(self.demands):
             return None  # re-plan only once every policy has been measured
         current = self.measured.apply(self.demands, self.horizon(remaining_steps))
-        # the first plan from measurements replaces seeded guesses: it needs only to pay for the move
-        reason, bar = ("cost_drift", self.min_gain) if self.calibrated else ("measured", self.calibration_gain)
+        reason, bar = replan_bar(self.calibrated, self.min_gain, self.calibration_gain)
         self.calibrated = True
         candidate = make_plan(current, self.nodes, self.plan.generation + 1, reason)
         decision = decide_replan(current, self.plan, candidate, remaining_steps, self.move_cost_s, bar)
