@@ -21,7 +21,9 @@ from mutualrl.see.identity import derive_key
 from mutualrl.services.mwra.backends.base import Backend, BackendEvent, RunSpec
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.metrics import MwraMetrics
-from mutualrl.services.mwra.planner import CALIBRATION_GAIN, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, decide_replan, make_plan, replan_bar
+from mutualrl.services.mwra.planner import (
+    CALIBRATION_GAIN, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, ReplanSchedule, decide_replan, make_plan, planning_horizon,
+)
 
 
 def run_see_keys(cfg: ExperimentConfig) -> dict[str, str]:
@@ -51,7 +53,7 @@ class Experiment:
     moved_at: dict[str, int] = field(default_factory=dict)  # policy -> its newest step when its split last changed
     stale_reports: int = 0  # measurements dropped because the step ran on a split since replaced
     history: list[dict] = field(default_factory=list)  # plan generations with their reasons
-    calibrated: bool = False  # the first measured plan was judged (adopted or not): later ones are cost drift
+    schedule: ReplanSchedule = field(default_factory=ReplanSchedule)  # calibrations first, then the hysteresis
 
     @property
     def remaining_steps(self) -> int:
@@ -104,7 +106,8 @@ class Controller:
                             for p in cfg.policies if p.engine.backend != "hf"},
                            redis_users_secret=k.redis_users_secret, see_keys=run_see_keys(cfg),
                            weights_port=cfg.weights.port if cfg.weights.transport == "collective" else None)
-            exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=cfg.mwra.ema_alpha))
+            exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan, measured=MeasuredCosts(alpha=cfg.mwra.ema_alpha),
+                             schedule=ReplanSchedule(cfg.mwra.min_gain, self.calibration_gain))
             self.backend.apply(spec, plan)
             self.experiments[exp_id] = exp
             self._record(exp, plan, "initial")
@@ -118,9 +121,9 @@ class Controller:
         self.backend.record_event(exp.spec, "Planned" if reason == "initial" else "Replanned",
                                   f"generation {plan.generation} ({reason}): " + ", ".join(f"{k} {a.rollout_gpus}+{a.learner_gpus}" for k, a in plan.allocations.items()))
 
-    def replan(self, exp: Experiment, reason: str, force: bool = False, min_gain: float | None = None) -> bool:
+    def replan(self, exp: Experiment, reason: str, force: bool = False, min_gain: float | None = None, window_fit: bool = False) -> bool:
         # plan for the costs halfway through what is left, at most 25 steps ahead (as simulated)
-        demands = exp.measured.apply(exp.demands, min(25.0, exp.remaining_steps / 2))
+        demands = exp.measured.apply(exp.demands, planning_horizon(exp.remaining_steps), window_fit)
         try:
             candidate = make_plan(demands, self._free_nodes(excluding=exp.id), exp.plan.generation + 1, reason)
         except PlanningError:
@@ -171,9 +174,8 @@ class Controller:
             exp.measured.observe(demand, a.rollout_gpus, a.learner_gpus, gen, train)
             if len(exp.measured.values) < len(exp.demands) or exp.status != "running":
                 return False
-            reason, bar = replan_bar(exp.calibrated, exp.config.mwra.min_gain, self.calibration_gain)
-            exp.calibrated = True
-            return self.replan(exp, reason, min_gain=bar)
+            judgement = exp.schedule.next(exp.measured.window_full([d.name for d in exp.demands]))
+            return self.replan(exp, judgement.reason, min_gain=judgement.min_gain, window_fit=judgement.window_fit)
 
     # ---- the loop ------------------------------------------------------------------------------
     def stop(self, exp_id: str) -> Experiment:

@@ -311,16 +311,55 @@ class ReplanDecision:
 
 
 CALIBRATION_GAIN = 0.03
-"""The bar for the first plan made from measurements: it replaces seeded guesses (model size and
-tokens), which may be off by far more than the 10 % hysteresis meant for cost drift, so it needs only
-a small predicted gain and to pay for its move."""
+"""The bar for a calibration plan: one that replaces seeded guesses (model size and tokens), or the
+one-sample measurement that replaced them, with better-measured costs. Those guesses may be off by
+far more than the 10 % hysteresis meant for cost drift, so such a plan needs only a small predicted
+gain and to pay for its move."""
+
+MAX_HORIZON_STEPS = 25.0
+"""How far ahead a plan projects the measured trend: halfway through the remaining steps (a linear
+drift's mean over them), but no further than this — a slope read from a 60-step window is too noisy
+to extrapolate a hundred steps."""
 
 
-def replan_bar(calibrated: bool, min_gain: float, calibration_gain: float = CALIBRATION_GAIN) -> tuple[str, float]:
-    """(reason, minimum gain) for judging a plan made from measurements: the first judgement — adopted
-    or not — is calibration, every later one cost drift under the hysteresis. The controller and the
-    simulator both ask here, so the rule the simulator proves is the rule the controller runs."""
-    return ("cost_drift", min_gain) if calibrated else ("measured", calibration_gain)
+def planning_horizon(remaining_steps: float, max_steps: float = MAX_HORIZON_STEPS) -> float:
+    """Steps ahead whose projected costs a plan is made for."""
+    return min(max_steps, remaining_steps / 2)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How the next plan made from measurements is judged: its reason, the predicted gain it must
+    beat, and whether its costs come from the least-squares line over a full window of measurements
+    (precise) rather than the exponential average (quick to follow drift)."""
+    reason: str  # "measured" (a calibration) | "cost_drift"
+    min_gain: float
+    window_fit: bool = False
+
+
+@dataclass
+class ReplanSchedule:
+    """Which bar the next plan made from measurements must clear (docs/mwra.md, "Planning").
+
+    Two calibrations, each judged once, adopted or not: the first measurement of every policy (it
+    corrects seeding errors of tens of percent), then the first time every policy has a full window of
+    measurements — a single step's cost carries the response-length noise (about 8 % per step), so
+    the first calibration can leave a plan one GPU off, which the 10 % hysteresis would keep for the
+    rest of the run. Every other judgement is cost drift under the experiment's ``min_gain``. The
+    controller and the simulator each hold one, so the rule the simulator proves is the rule the
+    controller runs."""
+    min_gain: float = 0.10
+    calibration_gain: float = CALIBRATION_GAIN
+    calibrations: int = 0  # judged so far: 0, 1 (first measurement) or 2 (full window)
+
+    def next(self, window_full: bool) -> Judgement:
+        if self.calibrations == 0:
+            self.calibrations = 1
+            return Judgement("measured", self.calibration_gain)
+        if self.calibrations == 1 and window_full:
+            self.calibrations = 2
+            return Judgement("measured", self.calibration_gain, window_fit=True)
+        return Judgement("cost_drift", self.min_gain)
 
 
 def decide_replan(
@@ -387,27 +426,45 @@ class MeasuredCosts:
             w, f = w0 + self.alpha * (w - w0), f0 + self.alpha * (f - f0)
         self.values[d.name] = (w, f)
 
-    def trend(self, name: str) -> float:
-        """W change per step: the least-squares slope of the recent measurements, or 0 unless it
-        stands clear of the noise (|slope| > 3 standard errors over >= 20 steps) — a trend read
-        from noise would move gangs for nothing."""
+    def _fit(self, name: str) -> tuple[float, float, float, int]:
+        """(mean, slope, slope's standard error, n) of the least-squares line over the window."""
         ys = self.history.get(name, [])
         n = len(ys)
-        if n < 20:
-            return 0.0
+        if n < 3:
+            return (sum(ys) / n if n else 0.0), 0.0, math.inf, n
         mx, my = (n - 1) / 2, sum(ys) / n
         sxx = sum((i - mx) ** 2 for i in range(n))
         slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sxx
         resid = sum((y - (my + slope * (i - mx))) ** 2 for i, y in enumerate(ys))
-        stderr = math.sqrt(resid / (n - 2) / sxx)
-        return slope if abs(slope) > 3 * stderr else 0.0
+        return my, slope, math.sqrt(resid / (n - 2) / sxx), n
 
-    def apply(self, demands: Sequence[PolicyDemand], horizon_steps: float = 0.0) -> list[PolicyDemand]:
-        """The demands with measured costs, projected ``horizon_steps`` ahead along the trend."""
+    def trend(self, name: str) -> float:
+        """W change per step: the least-squares slope of the recent measurements, or 0 unless it
+        stands clear of the noise (|slope| > 3 standard errors over >= 20 steps) — a trend read
+        from noise would move gangs for nothing."""
+        _, slope, stderr, n = self._fit(name)
+        return slope if n >= 20 and abs(slope) > 3 * stderr else 0.0
+
+    def window_level(self, name: str) -> float:
+        """W now, read from the line over the window: the window's mean, moved to its newest step
+        along the trend. Over a full window its noise is about 0.4 of the exponential average's
+        (60 samples against an effective 9 at alpha 0.2)."""
+        mean, _, _, n = self._fit(name)
+        return mean + self.trend(name) * (n - 1) / 2
+
+    def window_full(self, names: Sequence[str]) -> bool:
+        """Whether every named policy has a full window of measurements."""
+        return all(len(self.history.get(n, [])) >= self.window for n in names)
+
+    def apply(self, demands: Sequence[PolicyDemand], horizon_steps: float = 0.0, window_fit: bool = False) -> list[PolicyDemand]:
+        """The demands with measured costs, projected ``horizon_steps`` ahead along the trend; the
+        level is the exponential average, or with ``window_fit`` the line over the window."""
         out = []
         for d in demands:
             if d.name in self.values:
                 w, f = self.values[d.name]
+                if window_fit:
+                    w = self.window_level(d.name)
                 if horizon_steps:
                     w = max(0.5 * w, w + self.trend(d.name) * horizon_steps)
                 d = replace(d, step_gpu_seconds=w, generate_fraction=min(1.0, max(0.0, f)))

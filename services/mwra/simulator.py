@@ -25,8 +25,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mutualrl.services.mwra.planner import (
-    CALIBRATION_GAIN, Allocation, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, best_split, decide_replan, lower_bound_step_seconds,
-    make_plan, pack, replan_bar, role_times,
+    CALIBRATION_GAIN, MAX_HORIZON_STEPS, Allocation, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, ReplanSchedule, best_split, decide_replan,
+    lower_bound_step_seconds, make_plan, pack, planning_horizon, role_times,
 )
 
 
@@ -197,11 +197,11 @@ class Mwra(Strategy):
 
     name = "mwra"
 
-    def __init__(self, move_cost_s: float, min_gain: float = 0.10, alpha: float = 0.2, calibration_gain: float = CALIBRATION_GAIN, max_horizon: float = 25.0):
+    def __init__(self, move_cost_s: float, min_gain: float = 0.10, alpha: float = 0.2, calibration_gain: float = CALIBRATION_GAIN,
+                 max_horizon: float = MAX_HORIZON_STEPS):
         super().__init__()
-        self.max_horizon = max_horizon
-        self.move_cost_s, self.min_gain, self.calibration_gain = move_cost_s, min_gain, calibration_gain
-        self.calibrated = False
+        self.move_cost_s, self.max_horizon = move_cost_s, max_horizon
+        self.schedule = ReplanSchedule(min_gain, calibration_gain)
         self.measured = MeasuredCosts(alpha=alpha)
 
     def initial(self, estimates, nodes):
@@ -213,25 +213,20 @@ class Mwra(Strategy):
         self.measured.observe(demand, *split, generate_s, train_s)
         if len(self.measured.values) < len(self.demands):
             return None  # re-plan only once every policy has been measured
-        current = self.measured.apply(self.demands, self.horizon(remaining_steps))
-        reason, bar = replan_bar(self.calibrated, self.min_gain, self.calibration_gain)
-        self.calibrated = True
-        candidate = make_plan(current, self.nodes, self.plan.generation + 1, reason)
-        decision = decide_replan(current, self.plan, candidate, remaining_steps, self.move_cost_s, bar)
+        judgement = self.schedule.next(self.measured.window_full([d.name for d in self.demands]))
+        current = self.measured.apply(self.demands, planning_horizon(remaining_steps, self.max_horizon), judgement.window_fit)
+        candidate = make_plan(current, self.nodes, self.plan.generation + 1, judgement.reason)
+        decision = decide_replan(current, self.plan, candidate, remaining_steps, self.move_cost_s, judgement.min_gain)
         if not decision.replan:
             return None
         self.replans += 1
         self.plan = candidate
         return candidate
 
-    def horizon(self, remaining_steps: int) -> float:
-        """Plan for the costs halfway through what is left (at most ``max_horizon`` steps)."""
-        return min(self.max_horizon, remaining_steps / 2)
-
     def node_lost(self, nodes, remaining_steps):
         self.nodes = list(nodes)
         self.replans += 1
-        self.plan = make_plan(self.measured.apply(self.demands, self.horizon(remaining_steps)), self.nodes, self.plan.generation + 1, "node_lost")
+        self.plan = make_plan(self.measured.apply(self.demands, planning_horizon(remaining_steps, self.max_horizon)), self.nodes, self.plan.generation + 1, "node_lost")
         return self.plan
 
 

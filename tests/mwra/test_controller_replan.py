@@ -1,10 +1,13 @@
 """The controller judges re-plans by the rule the simulator proves: the first plan from
-measurements only needs the small calibration bar (it replaces seeded guesses), every later one
-the 10 % hysteresis, whether or not the first was adopted."""
+measurements only needs the small calibration bar (it replaces seeded guesses), and so does the
+first once every policy has a full window of measurements (it replaces one-sample costs); every
+other one the 10 % hysteresis, whether or not the calibrations were adopted."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 import mutualrl.services.mwra.controller as controller_module
 from mutualrl.config import parse_config
@@ -23,13 +26,18 @@ def _measure(controller: Controller, exp_id: str, step: int) -> None:
         controller.report_step(exp_id, policy, "learner", step, {"train": 10.0})
 
 
+costs: list[dict[str, float]] = []  # the W each judgement planned with, filled by the spy
+
+
 def _judgements(monkeypatch) -> list[tuple[float, float]]:
     """(move cost, minimum gain) of every re-plan judgement the controller makes from now on."""
+    costs.clear()
     seen: list[tuple[float, float]] = []
     real = controller_module.decide_replan
 
     def spy(demands, current, candidate, remaining, move_cost_s, min_gain):
         seen.append((move_cost_s, min_gain))
+        costs.append({d.name: d.step_gpu_seconds for d in demands})
         return real(demands, current, candidate, remaining, move_cost_s, min_gain)
 
     monkeypatch.setattr(controller_module, "decide_replan", spy)
@@ -44,9 +52,9 @@ def test_the_first_measured_plan_gets_the_calibration_bar_and_later_ones_the_hys
         _measure(controller, exp.id, step)
     # one judgement per finished measurement once both policies have one: 1 at step 1, 2 at steps 2 and 3
     assert [b for _, b in seen] == [CALIBRATION_GAIN] + [exp.config.mwra.min_gain] * 4 == [CALIBRATION_GAIN] + [0.10] * 4
-    assert exp.calibrated
+    assert exp.schedule.calibrations == 1
     # the simulator's MWRA, whose plans the benchmark proves, uses the same bar
-    assert Mwra(move_cost_s=120.0).calibration_gain == controller.calibration_gain == CALIBRATION_GAIN
+    assert Mwra(move_cost_s=120.0).schedule.calibration_gain == controller.calibration_gain == CALIBRATION_GAIN
 
 
 def test_each_experiment_is_judged_by_its_own_mwra_settings(monkeypatch):
@@ -60,3 +68,20 @@ def test_each_experiment_is_judged_by_its_own_mwra_settings(monkeypatch):
     for step in (1, 2):
         _measure(controller, exp.id, step)
     assert seen == [(30.0, CALIBRATION_GAIN), (30.0, 0.25), (30.0, 0.25)]
+
+
+def test_a_full_window_of_measurements_is_judged_once_more_as_calibration_on_the_window_line(monkeypatch):
+    seen = _judgements(monkeypatch)
+    controller = Controller(InMemoryBackend([Node(f"n{i}", 8) for i in range(4)]))
+    exp = controller.submit(parse_config(YAML, "t", check_paths=False), YAML)
+    window = exp.measured.window
+    for step in range(1, window + 3):
+        _measure(controller, exp.id, step)
+    bars = [b for _, b in seen]
+    # judgement k (0-based) follows measurement k+1 of the run: "large"'s 60th is measurement 2 * 60
+    full_at = 2 * window - 2
+    assert [i for i, b in enumerate(bars) if b == CALIBRATION_GAIN] == [0, full_at]
+    assert set(bars) == {CALIBRATION_GAIN, exp.config.mwra.min_gain}
+    assert exp.schedule.calibrations == 2
+    # every step reported the same seconds, so the window's line gives the same W as the average
+    assert costs[full_at] == pytest.approx(costs[full_at - 1])

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from mutualrl.services.mwra.planner import (
-    MeasuredCosts, Node, PlanningError, PolicyDemand, best_split, decide_replan, evaluate_counts, lower_bound_step_seconds, make_plan, pack,
-    predict, step_seconds, water_fill,
+    CALIBRATION_GAIN, MeasuredCosts, Node, PlanningError, PolicyDemand, ReplanSchedule, best_split, decide_replan, evaluate_counts,
+    lower_bound_step_seconds, make_plan, pack, planning_horizon, predict, step_seconds, water_fill,
 )
 
 
@@ -144,3 +144,38 @@ def test_trend_is_read_only_when_it_stands_clear_of_the_noise():
         w = 10 * rng.lognormvariate(0, 0.1)
         noisy.observe(d, 1, 1, w / 2, w / 2)
     assert noisy.trend("a") == 0.0
+
+
+def test_window_level_is_the_line_over_the_window_at_its_newest_step():
+    d = PolicyDemand("a", 1.0, 0.5)
+    m = MeasuredCosts(alpha=0.2, window=40)
+    for i in range(50):  # W = 10 + 0.1 * step, exactly; the window keeps steps 10..49
+        m.observe(d, 1, 1, (10 + 0.1 * i) / 2, (10 + 0.1 * i) / 2)
+    assert m.window_full(["a"]) and not m.window_full(["a", "b"])
+    assert m.window_level("a") == pytest.approx(14.9)  # the newest step's W; the average lags behind it
+    assert m.values["a"][0] < 14.9 - 0.3
+    assert m.apply([d], horizon_steps=10, window_fit=True)[0].step_gpu_seconds == pytest.approx(15.9)
+    # no trend: the window's mean, whatever order the noise came in
+    flat = MeasuredCosts(alpha=0.2, window=4)
+    for w in (11.0, 9.0, 10.5, 9.5, 12.0, 8.0):  # the window keeps the last four
+        flat.observe(d, 1, 1, w / 2, w / 2)
+    assert flat.window_level("a") == pytest.approx((10.5 + 9.5 + 12.0 + 8.0) / 4)
+
+
+def test_replan_schedule_calibrates_twice_then_holds_the_hysteresis():
+    """First measurement: calibration bar, EMA costs. Then the hysteresis until every policy has a
+    full window; that judgement is calibration again, on the window's line; then the hysteresis for good."""
+    s = ReplanSchedule(min_gain=0.10)
+    seen = [s.next(full) for full in (False, False, False, True, True, False)]
+    assert [(j.reason, j.min_gain, j.window_fit) for j in seen] == [
+        ("measured", CALIBRATION_GAIN, False), ("cost_drift", 0.10, False), ("cost_drift", 0.10, False),
+        ("measured", CALIBRATION_GAIN, True), ("cost_drift", 0.10, False), ("cost_drift", 0.10, False),
+    ]
+    # a window full from the start (e.g. a controller that took over) still calibrates twice, in order
+    s2 = ReplanSchedule(min_gain=0.2)
+    assert [(j.min_gain, j.window_fit) for j in (s2.next(True), s2.next(True), s2.next(True))] == [
+        (CALIBRATION_GAIN, False), (CALIBRATION_GAIN, True), (0.2, False)]
+
+
+def test_planning_horizon_is_half_the_remaining_steps_capped():
+    assert planning_horizon(10) == 5 and planning_horizon(1000) == 25 and planning_horizon(1000, max_steps=100) == 100
