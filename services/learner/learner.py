@@ -114,7 +114,7 @@ class Learner:
         self.reputation_events: list[ReputationEvent] = []  # of the last step (the service logs them)
 
     # ---- gathering -------------------------------------------------------
-    def _collect_own(self, step: int, expected: int, deadline: float, problems: dict[str, Problem]) -> list[Received]:
+    def _collect_own(self, step: int, expected: int, deadline: float, problems: dict[str, Problem], while_waiting=None) -> list[Received]:
         """This step's own rollouts, until ``expected`` *usable* ones arrived or the deadline:
         each is checked as it comes (:meth:`_own_problem`) and one per (prompt, sample index)
         counts — a restarted rollout server may publish a step's sample again under new ids —
@@ -145,6 +145,8 @@ class Learner:
         self._buffer = [r for r in self._buffer if r.payload.step > step]
         stale: list[Received] = []
         while len(have) < expected:
+            if while_waiting is not None:
+                while_waiting()
             remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
             got = self._not_consumed(self.own.poll(block_ms=min(remaining_ms, 200) if remaining_ms else None), self.own)
             admit([r for r in got if r.payload.step == step])
@@ -317,15 +319,17 @@ class Learner:
 
         self.store.publish(self.policy, self.version, weights, announce, model_config=self.model.config if self.store.root else None)
 
-    def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None) -> dict:
+    def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None, while_waiting=None) -> dict:
         """One step. With ``commit=False`` the messages it used stay unacknowledged until
         :meth:`commit` (a service commits after checkpointing, for lossless resume).
         ``before_update(inputs)`` is called with the gathered :class:`StepInputs` before the
-        optimiser steps (a sharded learner hands them to its other ranks)."""
+        optimiser steps (a sharded learner hands them to its other ranks); ``while_waiting()``
+        between polls for the step's own rollouts, while the weights are not changing (a service
+        sends them again there to a rollout service that missed them)."""
         t0 = time.monotonic()
         expected = len(problems) * self.s.group_size
         by_id = {p.prompt_id: p for p in problems}
-        own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s, by_id)
+        own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s, by_id, while_waiting)
         stages = {"wait": time.monotonic() - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
         own = self._rescore_own(own, by_id)
         if not own:

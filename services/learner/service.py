@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import time
 
 import numpy as np
@@ -30,12 +29,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from mutualrl.runtime.stage_metrics import StageMetrics
 
 from mutualrl.runtime.distributor import PromptDistributor
+from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
 from mutualrl.runtime.policy_setup import evaluate
 from mutualrl.services.learner.ranks import RankGroup, init_group, learner_world, rank_argv, rank_device
 from mutualrl.services.learner.setup import learner_transport, service_learner
-from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.runtime.service_common import AWAITING_WEIGHTS, ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.models.sharding import full_state_dict, shard_policy
 from mutualrl.see import SeeCollector
 from mutualrl.see.server import free_port
@@ -48,28 +48,12 @@ PEER_REJECTION_REASONS = (
 )
 
 
-FAULT_ENV = "MUTUALRL_FAULT"  # tests only: "policy/phase:step,…" kills that learner with SIGKILL there, once each
-
-
-def _fault(phase: str, step: int, state_dir, policy: str) -> None:
-    """Fault injection for the crash tests: a real kill -9 at a named instant of a step. Each
-    point fires once (a marker file survives the restart), so the run then completes."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec or f"{policy}/{phase}:{step}" not in spec.split(","):
-        return
-    marker = state_dir / f"fault-{policy}-{phase}-{step}"
-    if marker.exists():
-        return
-    marker.write_text("fired")
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _save_state(path, state: dict, step: int, policy: str = "") -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
-    _fault("during_checkpoint", step, path.parent, policy)  # written, not yet in place
+    fault_point("during_checkpoint", step, path.parent, policy)  # written, not yet in place
     os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
 
 
@@ -216,6 +200,24 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
     g["step"].labels(p.name, "learner").set(start - 1)
     g["version"].labels(p.name, "learner").set(learner.version)
     log.info("learning", extra={"fields": {"ops_port": ops.port, "start_step": start}})
+
+    def resend_if_asked() -> None:
+        """A rollout service that rejoined after a collective version was broadcast asks for the
+        weights again (an ``awaiting_weights`` heartbeat) and samples nothing meanwhile; send the
+        current weights as a new version, once per request (a request older than the newest
+        announcement was answered)."""
+        if cfg.weights.transport != "collective":
+            return
+        hb = ctx.exchange.last("heartbeat", f"{p.name}.rollout")
+        if hb is None or hb.payload.status != AWAITING_WEIGHTS or hb.payload.version >= learner.version:
+            return
+        wp = ctx.exchange.last("weights_published", p.name)
+        if wp is not None and wp.envelope.created_unix_nanos > hb.envelope.created_unix_nanos:
+            return
+        log.info("weights asked for again by the rollout service", extra={"fields": {"serving": int(hb.payload.version), "version": learner.version + 1}})
+        tell("publish", status["step"])
+        learner.publish_weights(status["step"])
+        g["version"].labels(p.name, "learner").set(learner.version)
     try:
         for step in range(start, cfg.budget.steps + 1):
             if stop.is_set():
@@ -223,7 +225,7 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
             problems = distributor.batch(step)
             # peers finish the same step within the deadline, or we go on without them
             ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers), cfg.launcher.peer_deadline_s, stop)
-            rec = learner.train_step(step, problems, commit=False, before_update=lambda inputs: tell("step", inputs))
+            rec = learner.train_step(step, problems, commit=False, before_update=lambda inputs: tell("step", inputs), while_waiting=resend_if_asked)
             if not rec.get("skipped") and (step % cfg.eval.every == 0 or step == cfg.budget.steps):
                 tell("eval")
                 rec["eval_accuracy"] = evaluate(pp, learner.model, ctx.task, ctx.verifier, cfg)
@@ -232,16 +234,16 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
             rec["step_s"] = rec.pop("train_s", 0.0)
             rec["wall_time"] = time.time()
             unsaved.append(rec)
-            _fault("before_checkpoint", step, ctx.state_dir, p.name)
+            fault_point("before_checkpoint", step, ctx.state_dir, p.name)
             if step % every == 0 or step == cfg.budget.steps:
                 rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
                 t_ckpt = time.monotonic()
                 tell("checkpoint", step)
                 _save_state(state_path, {"learner": learner.state_dict(), "step": step, "rng": rng, "ledger": ledger, "records": records + unsaved}, step, p.name)
                 stages["checkpoint"] = time.monotonic() - t_ckpt
-                _fault("after_checkpoint", step, ctx.state_dir, p.name)
+                fault_point("after_checkpoint", step, ctx.state_dir, p.name)
                 learner.commit()  # every message of the steps since the last checkpoint
-                _fault("after_ack", step, ctx.state_dir, p.name)
+                fault_point("after_ack", step, ctx.state_dir, p.name)
                 records += unsaved
                 for r in unsaved:
                     metrics_file.write(json.dumps(r) + "\n")

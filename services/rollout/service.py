@@ -3,7 +3,9 @@ each step's prompts, verifies them and publishes experience through SEE.
 
 Bounded staleness: step t is sampled only once the learner announced step t−1 and the
 newest weights version it published is loaded (the engine serves nothing for a version
-it has not finished loading). After a restart it resumes at the learner's next step.
+it has not finished loading). After a restart it resumes at the learner's next step; with the
+collective transport, a version broadcast before it rejoined is asked for again (an
+``awaiting_weights`` heartbeat) rather than sampled past.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from mutualrl.runtime.stage_metrics import StageMetrics
 
 from mutualrl.runtime.distributor import PromptDistributor
+from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.policy_setup import prepare_policy
 from mutualrl.services.rollout.setup import make_worker
-from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.runtime.service_common import AWAITING_WEIGHTS, ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
 from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
@@ -81,7 +84,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
 
     refused_c = Counter("mutualrl_weights_refused", "Announced weights versions this engine refused (checksum, shape, version order).",
                         ["policy"], registry=registry)
-    weights = {"handled": 0}  # the newest announced version loaded or refused
+    weights = {"handled": 0, "asked": 0}  # the newest announced version loaded or refused; the missed one asked for again
 
     def load_newest() -> None:
         """Load the newest announced version. A collective one must be taken while the learner
@@ -94,9 +97,14 @@ def run_rollout_service(args: ServiceArgs) -> int:
         if version <= max(weights["handled"], engine.info().weights_version):
             return
         if collective and not broadcast_pending(wp):
-            # announced before this service joined and already sent: only a newer version can be taken
-            log.warning("weights version missed (broadcast before this service started)", extra={"fields": {"version": version}})
-            weights["handled"] = version
+            # announced before this service joined and already sent: sampling now would use older
+            # weights than the staleness bound allows, so ask the learner to send them again
+            if weights["asked"] != version:
+                log.warning("weights version missed (broadcast before this service started): asking the learner to send it again",
+                            extra={"fields": {"version": version}})
+                ctx.exchange.publish(pb.Heartbeat(role="rollout", step=ctx.last_step("rollout"), version=engine.info().weights_version,
+                                                  status=AWAITING_WEIGHTS), f"{p.name}.rollout")
+                weights["asked"] = version
             return
         try:
             engine.update_weights(version, wp.payload.uri, wp.payload.checksum or None, TensorManifest.from_proto(wp.payload.tensors))
@@ -145,6 +153,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
             # bounded staleness: the learner finished step t-1 and its newest version is served
             if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 and newest_handled(), 3600, stop):
                 break
+            fault_point("rollout_before_sample", step, ctx.state_dir, p.name)  # crash tests: the weights are loaded, nothing sampled
             res = worker.run_step(step, distributor.batch(step))
             ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "successes": res.successes_published, "weights_version": engine.info().weights_version}) + "\n")
             ledger.flush()

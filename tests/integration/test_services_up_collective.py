@@ -65,3 +65,27 @@ def test_a_killed_learner_and_a_killed_rollout_service_meet_again_at_the_next_ve
     for name in ("llama-char", "qwen-bpe"):
         versions = _rollout_versions(out, name)
         assert versions == sorted(versions) and versions[-1] >= 4, (name, versions)
+
+
+def test_a_rollout_service_that_missed_a_broadcast_asks_for_the_weights_again(tmp_path, monkeypatch):
+    """Killed after its learner broadcast version 2 and before sampling step 3, the restarted
+    rollout service finds that version already sent. It must not sample step 3 with its fresh
+    engine's version 0: it asks for the weights again, and the learner, waiting for step 3's
+    rollouts, sends them as version 3."""
+    monkeypatch.setenv("MUTUALRL_FAULT", "qwen-bpe/rollout_before_sample:3")
+    out = tmp_path / "run"
+    proc = _start(out, 4, COLLECTIVE)
+    try:
+        output = _finish(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert "qwen-bpe.rollout exited with -9; restarting" in output
+    assert _rollout_versions(out, "qwen-bpe") == [0, 1, 3, 4]  # step 3 sampled with version 2's weights, sent again as 3
+    assert _rollout_versions(out, "llama-char") == [0, 1, 2, 3]
+    rollout_log = (out / "logs" / "qwen-bpe.rollout.log").read_text()
+    assert "asking the learner to send it again" in rollout_log
+    assert "weights asked for again by the rollout service" in (out / "logs" / "qwen-bpe.learner.log").read_text()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    mine = [r for r in records if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start"]
+    assert [r["step"] for r in mine] == [1, 2, 3, 4] and not any(r.get("skipped") for r in mine)
