@@ -22,14 +22,20 @@ def _loaded(out: Path, policy: str) -> list[int]:
     return [e["version"] for e in logs if e.get("msg") == "weights loaded"]
 
 
-def test_weights_are_broadcast_into_the_rollout_engines(tmp_path):
-    out = tmp_path / "run"
-    proc = _start(out, 4, COLLECTIVE)
+def _run_to_the_end(out: Path, steps: int) -> str:
+    """`mutualrl up` over the collective transport for ``steps`` steps; its output once it exited 0."""
+    proc = _start(out, steps, COLLECTIVE)
     try:
         output = _finish(proc)
     finally:
         proc.kill()
     assert proc.returncode == 0, output[-3000:]
+    return output
+
+
+def test_weights_are_broadcast_into_the_rollout_engines(tmp_path):
+    out = tmp_path / "run"
+    _run_to_the_end(out, 4)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     for name in ("llama-char", "qwen-bpe"):
         mine = [r for r in records if r["policy"] == name and r.get("phase") != "warm_start"]
@@ -74,12 +80,7 @@ def test_a_rollout_service_that_missed_a_broadcast_asks_for_the_weights_again(tm
     rollouts, sends them as version 3."""
     monkeypatch.setenv("MUTUALRL_FAULT", "qwen-bpe/rollout_before_sample:3")
     out = tmp_path / "run"
-    proc = _start(out, 4, COLLECTIVE)
-    try:
-        output = _finish(proc)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, output[-3000:]
+    output = _run_to_the_end(out, 4)
     assert "qwen-bpe.rollout exited with -9; restarting" in output
     assert _rollout_versions(out, "qwen-bpe") == [0, 1, 3, 4]  # step 3 sampled with version 2's weights, sent again as 3
     assert _rollout_versions(out, "llama-char") == [0, 1, 2, 3]
