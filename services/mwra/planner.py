@@ -400,6 +400,7 @@ class MeasuredCosts:
     """Each policy's measured W and generate fraction: an exponential average for the level and
     a least-squares slope over the last ``window`` steps for the trend, so a plan can be made for
     the costs *ahead* (responses lengthen as training goes on) rather than the step just measured.
+    The line's own level, more precise and slower, serves the full-window calibration.
 
     A measurement is the stage seconds of one step on a known split: generation took
     ``generate_s`` on ``rollout`` GPUs, log-probs + training ``train_s`` on ``learner`` GPUs.
@@ -438,19 +439,23 @@ class MeasuredCosts:
         resid = sum((y - (my + slope * (i - mx))) ** 2 for i, y in enumerate(ys))
         return my, slope, math.sqrt(resid / (n - 2) / sxx), n
 
+    @staticmethod
+    def _clear_of_noise(slope: float, stderr: float, n: int) -> float:
+        return slope if n >= 20 and abs(slope) > 3 * stderr else 0.0
+
     def trend(self, name: str) -> float:
         """W change per step: the least-squares slope of the recent measurements, or 0 unless it
         stands clear of the noise (|slope| > 3 standard errors over >= 20 steps) — a trend read
         from noise would move gangs for nothing."""
         _, slope, stderr, n = self._fit(name)
-        return slope if n >= 20 and abs(slope) > 3 * stderr else 0.0
+        return self._clear_of_noise(slope, stderr, n)
 
     def window_level(self, name: str) -> float:
         """W now, read from the line over the window: the window's mean, moved to its newest step
         along the trend. Over a full window its noise is about 0.4 of the exponential average's
         (60 samples against an effective 9 at alpha 0.2)."""
-        mean, _, _, n = self._fit(name)
-        return mean + self.trend(name) * (n - 1) / 2
+        mean, slope, stderr, n = self._fit(name)
+        return mean + self._clear_of_noise(slope, stderr, n) * (n - 1) / 2
 
     def window_full(self, names: Sequence[str]) -> bool:
         """Whether every named policy has a full window of measurements."""
