@@ -200,14 +200,13 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
     g["step"].labels(p.name, "learner").set(start - 1)
     g["version"].labels(p.name, "learner").set(learner.version)
     log.info("learning", extra={"fields": {"ops_port": ops.port, "start_step": start}})
+    collective = cfg.weights.transport == "collective"  # a version sent by broadcast can be missed, one on disk cannot
 
     def resend_if_asked() -> None:
         """A rollout service that rejoined after a collective version was broadcast asks for the
         weights again (an ``awaiting_weights`` heartbeat) and samples nothing meanwhile; send the
         current weights as a new version, once per request (a request older than the newest
         announcement was answered)."""
-        if cfg.weights.transport != "collective":
-            return
         hb = ctx.exchange.last("heartbeat", f"{p.name}.rollout")
         if hb is None or hb.payload.status != AWAITING_WEIGHTS or hb.payload.version >= learner.version:
             return
@@ -225,7 +224,7 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
             problems = distributor.batch(step)
             # peers finish the same step within the deadline, or we go on without them
             ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers), cfg.launcher.peer_deadline_s, stop)
-            rec = learner.train_step(step, problems, commit=False, before_update=lambda inputs: tell("step", inputs), while_waiting=resend_if_asked)
+            rec = learner.train_step(step, problems, commit=False, before_update=lambda inputs: tell("step", inputs), while_waiting=resend_if_asked if collective else None)
             if not rec.get("skipped") and (step % cfg.eval.every == 0 or step == cfg.budget.steps):
                 tell("eval")
                 rec["eval_accuracy"] = evaluate(pp, learner.model, ctx.task, ctx.verifier, cfg)

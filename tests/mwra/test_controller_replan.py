@@ -26,13 +26,11 @@ def _measure(controller: Controller, exp_id: str, step: int) -> None:
         controller.report_step(exp_id, policy, "learner", step, {"train": 10.0})
 
 
-costs: list[dict[str, float]] = []  # the W each judgement planned with, filled by the spy
-
-
-def _judgements(monkeypatch) -> list[tuple[float, float]]:
-    """(move cost, minimum gain) of every re-plan judgement the controller makes from now on."""
-    costs.clear()
+def _judgements(monkeypatch) -> tuple[list[tuple[float, float]], list[dict[str, float]]]:
+    """(move cost, minimum gain) of every re-plan judgement the controller makes from now on, and
+    the W per policy each one planned with."""
     seen: list[tuple[float, float]] = []
+    costs: list[dict[str, float]] = []
     real = controller_module.decide_replan
 
     def spy(demands, current, candidate, remaining, move_cost_s, min_gain):
@@ -41,11 +39,11 @@ def _judgements(monkeypatch) -> list[tuple[float, float]]:
         return real(demands, current, candidate, remaining, move_cost_s, min_gain)
 
     monkeypatch.setattr(controller_module, "decide_replan", spy)
-    return seen
+    return seen, costs
 
 
 def test_the_first_measured_plan_gets_the_calibration_bar_and_later_ones_the_hysteresis(monkeypatch):
-    seen = _judgements(monkeypatch)
+    seen, _ = _judgements(monkeypatch)
     controller = Controller(InMemoryBackend([Node(f"n{i}", 8) for i in range(4)]))
     exp = controller.submit(parse_config(YAML, "t", check_paths=False), YAML)
     for step in (1, 2, 3):
@@ -60,7 +58,7 @@ def test_the_first_measured_plan_gets_the_calibration_bar_and_later_ones_the_hys
 def test_each_experiment_is_judged_by_its_own_mwra_settings(monkeypatch):
     """`mwra.min_gain`, `move_cost_s` and `ema_alpha` in the experiment file are what the controller
     uses for that experiment (they were documented but the controller used its own defaults)."""
-    seen = _judgements(monkeypatch)
+    seen, _ = _judgements(monkeypatch)
     text = YAML.replace("mwra:\n", "mwra:\n  min_gain: 0.25\n  move_cost_s: 30\n  ema_alpha: 0.5\n")
     controller = Controller(InMemoryBackend([Node(f"n{i}", 8) for i in range(4)]))
     exp = controller.submit(parse_config(text, "t", check_paths=False), text)
@@ -71,14 +69,15 @@ def test_each_experiment_is_judged_by_its_own_mwra_settings(monkeypatch):
 
 
 def test_a_full_window_of_measurements_is_judged_once_more_as_calibration_on_the_window_line(monkeypatch):
-    seen = _judgements(monkeypatch)
+    seen, costs = _judgements(monkeypatch)
     controller = Controller(InMemoryBackend([Node(f"n{i}", 8) for i in range(4)]))
     exp = controller.submit(parse_config(YAML, "t", check_paths=False), YAML)
     window = exp.measured.window
     for step in range(1, window + 3):
         _measure(controller, exp.id, step)
     bars = [b for _, b in seen]
-    # judgement k (0-based) follows measurement k+1 of the run: "large"'s 60th is measurement 2 * 60
+    # judgement k (0-based) follows measurement k+2 of the run (the first needs both policies):
+    # "large"'s 60th is measurement 2 * 60
     full_at = 2 * window - 2
     assert [i for i, b in enumerate(bars) if b == CALIBRATION_GAIN] == [0, full_at]
     assert set(bars) == {CALIBRATION_GAIN, exp.config.mwra.min_gain}
