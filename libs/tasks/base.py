@@ -62,10 +62,12 @@ class Task(ABC):
     def sample(self, rng: random.Random) -> Problem:
         """Draw one problem (may repeat; splitting dedups)."""
 
-    def default_verifier(self) -> Verifier:
-        from mutualrl.tasks.verifiers import ExactMatchVerifier
+    def default_verifier(self, answer_format: str = "whole") -> Verifier:
+        """The task's own verifier for answers given in ``answer_format`` (tasks.answers): the
+        whole completion by default, as a built model is trained to answer."""
+        from mutualrl.tasks.verifiers import answer_verifier
 
-        return ExactMatchVerifier()
+        return answer_verifier(answer_format)
 
     def _build_splits(self) -> None:
         rng = random.Random(f"{self.name}:{self.seed}")

@@ -11,6 +11,7 @@ import ast
 import random
 from collections import Counter
 
+from mutualrl.tasks.answers import extract_answer
 from mutualrl.tasks.base import Problem, Task, Verifier
 
 
@@ -47,14 +48,18 @@ class CountdownTask(Task):
         prompt = " ".join(map(str, nums)) + f">{target}:"
         return Problem(prompt=prompt, answer=expr, meta={"numbers": nums, "target": target})
 
-    def default_verifier(self) -> Verifier:
-        return CountdownVerifier()
+    def default_verifier(self, answer_format: str = "whole") -> Verifier:
+        return CountdownVerifier(answer_format)
 
 
 class CountdownVerifier(Verifier):
     """Accepts any expression over an allowed sub-multiset of the numbers that hits the target."""
 
     name = "countdown"
+
+    def __init__(self, answer_format: str = "whole"):
+        extract_answer("", answer_format)  # an unknown format fails here
+        self.answer_format = answer_format
 
     def score(self, problem: Problem, completion: str) -> float:
         head, _, tail = problem.prompt.rpartition(">")
@@ -63,7 +68,7 @@ class CountdownVerifier(Verifier):
             target = int(tail.rstrip(":"))
         except ValueError:
             return 0.0
-        expr = completion.strip()
+        expr = (extract_answer(completion, self.answer_format) or "").strip()
         if not expr or len(expr) > 64 or any(c not in "0123456789+-*() " for c in expr):
             return 0.0
         used = _literals(expr)

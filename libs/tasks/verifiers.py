@@ -7,6 +7,7 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import threading
 
+from mutualrl.tasks.answers import extract_answer, normalise_number
 from mutualrl.tasks.base import Problem, Verifier
 
 
@@ -17,6 +18,30 @@ class ExactMatchVerifier(Verifier):
 
     def score(self, problem: Problem, completion: str) -> float:
         return 1.0 if completion.strip() == problem.answer.strip() else 0.0
+
+
+class ExtractedAnswerVerifier(Verifier):
+    """Reward 1 iff the answer extracted in ``answer_format`` (tasks.answers) equals the reference:
+    "The answer is 19." scores 1 on ``19`` under ``last_number``, where whole matching gives 0."""
+
+    name = "answer"
+
+    def __init__(self, answer_format: str):
+        extract_answer("", answer_format)  # an unknown format fails here, not at the first rollout
+        self.answer_format = answer_format
+        self.version = answer_format
+
+    def score(self, problem: Problem, completion: str) -> float:
+        got = extract_answer(completion, self.answer_format)
+        if got is None:
+            return 0.0
+        want = normalise_number(problem.answer) if self.answer_format == "last_number" else problem.answer.strip()
+        return 1.0 if got == want else 0.0
+
+
+def answer_verifier(answer_format: str) -> Verifier:
+    """Whole-completion matching (today's exact verifier) or extraction in ``answer_format``."""
+    return ExactMatchVerifier() if answer_format == "whole" else ExtractedAnswerVerifier(answer_format)
 
 
 def _math_verify(answer: str, completion: str) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from mutualrl.grpo import RescueItem
-from mutualrl.models.policy import encode_prompt
+from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.see import Received
 from mutualrl.tasks import Problem, Verifier
 from mutualrl.thl import Converted, ThlBudget, convert, convert_batch
@@ -120,7 +120,7 @@ class PeerIntake:
         tokenizers: TokenizerRegistry,
         budget: ThlBudget,
         max_step_lag: int = 1,
-        chat_template: bool | None = None,
+        prompt_style: PromptStyle | None = None,
         placement: str = "spread",
     ):
         self.tok = tokenizer
@@ -128,14 +128,14 @@ class PeerIntake:
         self.tokenizers = tokenizers
         self.budget = budget
         self.max_step_lag = max_step_lag
-        self.chat_template = chat_template
+        self.prompt_style = prompt_style
         self.placement = placement
         self._prompt_cache: dict[str, list[int]] = {}
 
     def _prompt_ids(self, problem: Problem) -> list[int]:
         """The prompt re-rendered with the receiver's own template (THL step 1)."""
         if problem.prompt not in self._prompt_cache:
-            self._prompt_cache[problem.prompt] = encode_prompt(self.tok, problem.prompt, self.chat_template)
+            self._prompt_cache[problem.prompt] = encode_prompt(self.tok, problem.prompt, self.prompt_style)
         return self._prompt_cache[problem.prompt]
 
     def _admit(self, m: Received, step: int, problems: dict[str, Problem], out: IntakeResult) -> Problem | None:

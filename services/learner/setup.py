@@ -7,7 +7,7 @@ import copy
 from mutualrl.config import ExperimentConfig
 from mutualrl.config.schema import OptimConfig
 from mutualrl.models.policy import tokenizer_fingerprint
-from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy
+from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy, prompt_style
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.learner.learner import Learner, LearnerSettings
 from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
@@ -40,7 +40,7 @@ def make_learner(
             q.requires_grad_(False)
     intake = PeerIntake(
         pp.arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip),
-        cfg.sharing.max_version_lag, p.tokenizer.chat_template, cfg.thl.placement,
+        cfg.sharing.max_version_lag, prompt_style(cfg, p), cfg.thl.placement,
     )
     peers = [q.name for q in cfg.policies if q.name != p.name]
     settings = LearnerSettings(

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from transformers import PreTrainedTokenizerBase
 
 from mutualrl.models.generation import GenerationCancelled
-from mutualrl.models.policy import encode_prompt
+from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.services.rollout.engine import RolloutEngine, SamplingSpec
 from mutualrl.v1 import rollout_service_pb2 as rpb
 from mutualrl.v1 import rollout_service_pb2_grpc as rgrpc
@@ -87,7 +87,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         tokenizer: PreTrainedTokenizerBase,
         fingerprint: str,
         registry: CollectorRegistry | None = None,
-        chat_template: bool | None = None,
+        prompt_style: PromptStyle | None = None,
         max_prompts: int = 4096,
         max_n: int = 256,
         max_new_tokens: int = 8192,
@@ -106,7 +106,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         self.engine = engine
         self.tok = tokenizer
         self.fingerprint = fingerprint
-        self.chat_template = chat_template
+        self.prompt_style = prompt_style
         self.limits = {"max_prompts": max_prompts, "max_n": max_n, "max_new_tokens": max_new_tokens}
         self.registry = registry or CollectorRegistry()
         self.metrics = RolloutMetrics(policy, self.registry)
@@ -126,7 +126,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         except RequestError as e:
             return self._abort(context, "Generate", e)
         s = request.sampling
-        prompt_ids = [list(p.token_ids) if p.token_ids else encode_prompt(self.tok, p.text, self.chat_template) for p in request.prompts]
+        prompt_ids = [list(p.token_ids) if p.token_ids else encode_prompt(self.tok, p.text, self.prompt_style) for p in request.prompts]
         if self.max_context is not None:
             for i, ids in enumerate(prompt_ids):
                 if len(ids) + s.max_new_tokens > self.max_context:

@@ -21,7 +21,7 @@ from mutualrl.runtime.stage_metrics import StageMetrics
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
-from mutualrl.runtime.policy_setup import prepare_policy
+from mutualrl.runtime.policy_setup import prepare_policy, prompt_style
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.runtime.service_common import AWAITING_WEIGHTS, ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
@@ -56,7 +56,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
     c = pp.arts.model.config
     keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
     key = keyring.key(f"{p.name}.learner") if keyring is not None else None
-    servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, p.tokenizer.chat_template,
+    servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, prompt_style(cfg, p),
                                max_context=getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None), announced=announced,
                                update_token=update_weights_token(key, p.name) if key else None)
     lc = cfg.launcher

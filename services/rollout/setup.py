@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mutualrl.config import ExperimentConfig
-from mutualrl.runtime.policy_setup import PreparedPolicy
+from mutualrl.runtime.policy_setup import PreparedPolicy, prompt_style
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.rollout.engine import RolloutEngine, SamplingSpec
 from mutualrl.services.rollout.worker import RolloutWorker
@@ -13,4 +13,4 @@ from mutualrl.tasks import Verifier
 def make_worker(cfg: ExperimentConfig, pp: PreparedPolicy, engine: RolloutEngine, exchange: ExperienceExchange, verifier: Verifier) -> RolloutWorker:
     p = pp.config
     spec = SamplingSpec(n=cfg.budget.group_size, max_new_tokens=cfg.budget.max_new_tokens, temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p)
-    return RolloutWorker(p.name, engine, pp.arts.tokenizer, verifier, exchange, fingerprint=pp.arts.fingerprint, sampling=spec, seed=cfg.seed, chat_template=p.tokenizer.chat_template)
+    return RolloutWorker(p.name, engine, pp.arts.tokenizer, verifier, exchange, fingerprint=pp.arts.fingerprint, sampling=spec, seed=cfg.seed, prompt_style=prompt_style(cfg, p))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from mutualrl.models.policy import encode_prompt
+from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.rollout.engine import RolloutEngine, SamplingSpec
 from mutualrl.tasks import Problem, Verifier
@@ -53,7 +53,7 @@ class RolloutWorker:
         fingerprint: str,
         sampling: SamplingSpec,
         seed: int = 0,
-        chat_template: bool | None = None,
+        prompt_style: PromptStyle | None = None,
     ):
         self.policy = policy
         self.engine = engine
@@ -63,7 +63,7 @@ class RolloutWorker:
         self.fingerprint = fingerprint
         self.sampling = sampling
         self.seed = seed
-        self.chat_template = chat_template
+        self.prompt_style = prompt_style
         self.total_rollouts = 0
 
     def _spec(self, step: int) -> SamplingSpec:
@@ -73,7 +73,7 @@ class RolloutWorker:
 
     def run_step(self, step: int, problems: list[Problem]) -> StepRollouts:
         version = self.engine.info().weights_version
-        prompt_ids = [encode_prompt(self.tok, p.prompt, self.chat_template) for p in problems]
+        prompt_ids = [encode_prompt(self.tok, p.prompt, self.prompt_style) for p in problems]
         t0 = time.monotonic()
         groups = self.engine.generate(prompt_ids, self._spec(step))
         result = StepRollouts(step, generate_s=time.monotonic() - t0)
