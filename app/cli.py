@@ -183,10 +183,10 @@ def compare(
     jobs: int = typer.Option(1, "--jobs", min=1, help="Runs trained at once, each in its own process with its share of the cores."),
 ) -> None:
     """Run entries x pairs x seeds (resumable: finished runs are skipped), then write report.md,
-    results.json and plots with 95 % confidence intervals and paired differences."""
-    from rich.progress import Progress
-
-    from mutualrl.app.compare import CompareSpec, run_all, write_report
+    results.json and plots with 95 % confidence intervals and paired differences. One Ctrl-C stops
+    every run in progress and keeps the finished ones."""
+    from mutualrl.app.compare import CompareInterrupted, CompareSpec, run_all, write_report
+    from mutualrl.app.compare_progress import CompareProgress
     from mutualrl.app.embedded import run_embedded
 
     try:
@@ -197,16 +197,14 @@ def compare(
     target.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not report_only:
-        with Progress(console=err, transient=False) as bar:
-            task = bar.add_task("compare", total=len(spec.runs()))
-
-            def progress(i: int, n: int, label: str) -> None:
-                bar.update(task, completed=i, description=label)
-
-            try:
-                run_all(spec, target, run_embedded, progress, jobs=jobs)
-            except ConfigError as e:
-                raise _fail(str(e))
+        try:
+            with CompareProgress(err, len(spec.runs())) as shown:
+                run_all(spec, target, run_embedded, shown.progress, jobs=jobs, on_start=shown.on_start)
+        except ConfigError as e:
+            raise _fail(str(e))
+        except CompareInterrupted as e:
+            err.print(str(e), highlight=False, soft_wrap=True)
+            raise typer.Exit(130)
     write_report(spec, target)
     out.print(f"[bold]report[/] → {target / 'report.md'} ({target / 'results.json'})")
 
@@ -426,28 +424,49 @@ app.add_typer(thl_app, name="thl")
 
 @thl_app.command("inspect")
 def thl_inspect(
-    source: Path = typer.Option(..., "--source", help="Source tokenizer directory."),
-    target: Path = typer.Option(..., "--target", help="Target tokenizer directory."),
+    source: str = typer.Option(..., "--source", help="Source tokenizer: a folder holding one (a model or a run's checkpoints/<policy>), a model preset, or qwen2.5."),
+    target: str = typer.Option(..., "--target", help="Target tokenizer, as --source."),
     text: str = typer.Option(..., "--text", help="Text to carry from source to target."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Show both tokenizations of TEXT, their byte-aligned groups and the residual."""
-    from mutualrl.models import load_tokenizer
+    """Show both tokenizations of TEXT, their byte-aligned groups and the residual; say what either side cannot spell."""
     from mutualrl.thl.inspect_cli import inspect_text, render_text
 
-    toks = []
-    for label, path in (("--source", source), ("--target", target)):
-        if not path.is_dir():
-            raise _fail(f"{label} {path}: not a tokenizer directory")
-        try:
-            toks.append(load_tokenizer(path))
-        except (OSError, ValueError) as e:
-            raise _fail(f"{label} {path}: cannot load a tokenizer ({str(e).splitlines()[0]})")
+    toks = [_inspect_tokenizer("--source", source), _inspect_tokenizer("--target", target)]
     report = inspect_text(toks[0], toks[1], text)
     if as_json:
         print(json.dumps(report, ensure_ascii=False))
     else:
         out.print(render_text(report), highlight=False, markup=False)
+
+
+def _inspect_tokenizer(label: str, spec: str):
+    """A tokenizer by folder, model preset (converted on first use) or ``qwen2.5``; a folder without
+    one names the folders below it that hold one."""
+    from mutualrl.models import load_tokenizer
+    from mutualrl.models.pretrained import ModelImportError, get_model, is_preset
+    from mutualrl.thl.inspect_cli import holds_tokenizer, tokenizer_folders
+
+    if spec == "qwen2.5":
+        from mutualrl.models.production import qwen25_tokenizer
+
+        return qwen25_tokenizer()
+    path = Path(spec)
+    if is_preset(spec) and not path.exists():
+        try:
+            path = get_model(spec, echo=lambda s: err.print(s, highlight=False))
+        except ModelImportError as e:
+            raise _fail(f"{label} {spec}: {e}")
+    if not path.is_dir():
+        raise _fail(f"{label} {spec}: not a tokenizer directory (a folder holding one, a model preset or qwen2.5)")
+    if not holds_tokenizer(path):
+        below = tokenizer_folders(path)
+        hint = ("; these folders under it do: " + ", ".join(str(p) for p in below)) if below else "; no folder under it holds one either"
+        raise _fail(f"{label} {path}: holds no tokenizer{hint}")
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError) as e:
+        raise _fail(f"{label} {path}: cannot load a tokenizer ({str(e).splitlines()[0]})")
 
 
 def main() -> None:

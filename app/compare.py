@@ -108,54 +108,96 @@ def _log_session(out: Path, session: float, event: str, **fields) -> None:
         f.write(json.dumps({"session": session, "t": time.time(), "event": event, **fields}) + "\n")
 
 
+class CompareInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a compare: ``finished`` runs are kept, the ones in progress were stopped and are redone on resume."""
+
+    def __init__(self, finished: int, total: int):
+        super().__init__(f"stopped: {finished} of {total} runs finished and kept; run the same command again to resume")
+        self.finished, self.total = finished, total
+
+
+def _ignore_sigint() -> None:
+    """Worker processes leave Ctrl-C to the parent, which stops them all at once (a terminal sends
+    SIGINT to the whole process group: workers that handled it themselves died mid-run while the
+    pool handed them the next runs)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[int, int, str], None] = lambda i, n, s: None,
-            jobs: int = 1) -> list[Path]:
+            jobs: int = 1, on_start: Callable[[str, Path, int], None] = lambda label, d, steps: None) -> list[Path]:
     """Every (entry, pair, seed) not finished yet; ``runner(cfg, dir)`` trains one (run_embedded).
     ``jobs`` > 1 trains that many at once in worker processes, each with ``cores // jobs`` torch
-    threads (``runner`` must then be a module-level function)."""
+    threads (``runner`` must then be a module-level function). ``on_start(label, dir, steps)`` is
+    told when a run starts, ``progress(finished, total, label)`` when one finishes or was finished
+    before. Ctrl-C raises :class:`CompareInterrupted` once every run in progress has stopped."""
     session = time.time()
     todo = spec.runs()
     pending: list[tuple[str, object, Path]] = []  # (label, config, run dir)
     done: list[Path] = []
-    for i, (entry, pair, seed) in enumerate(todo):
+    for entry, pair, seed in todo:
         d = run_dir(out, entry, pair, seed)
         label = f"{entry} / {pair} / seed {seed}"
         if (d / "summary.json").is_file():
-            progress(len(done) + 1, len(todo), label + " (done before)")
             done.append(d)
+            progress(len(done), len(todo), label + " (done before)")
             continue
         sets = [*spec.entries[entry], f"seed={seed}", *([f"budget.steps={spec.steps}"] if spec.steps else [])]
         pending.append((label, load_config(spec.pairs[pair], sets), d))  # every config is checked before the first run starts
     if pending:
         _log_session(out, session, "start", jobs=jobs, pending=len(pending))
-    if jobs <= 1:
-        for label, cfg, d in pending:
-            progress(len(done), len(todo), label)
-            runner(cfg, d)
-            done.append(d)
-            _log_session(out, session, "run", run=label)
-            progress(len(done), len(todo), label)
-        return done
+    try:
+        if jobs <= 1:
+            for label, cfg, d in pending:
+                on_start(label, d, cfg.budget.steps)
+                runner(cfg, d)
+                done.append(d)
+                _log_session(out, session, "run", run=label)
+                progress(len(done), len(todo), label)
+        else:
+            _run_parallel(pending, runner, jobs, out, session, done, len(todo), progress, on_start)
+    except KeyboardInterrupt:
+        raise CompareInterrupted(len(done), len(todo)) from None
+    return done
+
+
+def _run_parallel(pending, runner: Callable, jobs: int, out: Path, session: float, done: list[Path], total: int,
+                  progress: Callable[[int, int, str], None], on_start: Callable[[str, Path, int], None]) -> None:
     import multiprocessing
     import os
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_train_one, runner, cfg, d, threads): (label, d) for label, cfg, d in pending}
-        remaining = set(futures)
-        while remaining:
-            finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)  # each run is logged as it ends
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
+    try:
+        queue = list(pending)
+        running: dict = {}
+
+        def submit_next() -> None:  # at most `jobs` submitted, so a run starts only when a worker is free
+            label, cfg, d = queue.pop(0)
+            running[pool.submit(_train_one, runner, cfg, d, threads)] = (label, d)
+            on_start(label, d, cfg.budget.steps)
+
+        while queue and len(running) < jobs:
+            submit_next()
+        while running:
+            finished, _ = wait(set(running), return_when=FIRST_COMPLETED)  # each run is logged as it ends
             for f in finished:
-                label, d = futures[f]
+                label, d = running.pop(f)
                 if f.exception() is not None:
-                    for other in remaining:
-                        other.cancel()
                     raise f.exception()
                 done.append(d)
                 _log_session(out, session, "run", run=label)
-                progress(len(done), len(todo), label)
-    return done
+                progress(len(done), total, label)
+                if queue:
+                    submit_next()
+    except BaseException:
+        for proc in list(getattr(pool, "_processes", {}).values()):  # stop the runs in progress now
+            proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _curves(d: Path) -> dict[str, list[tuple[float, float]]]:

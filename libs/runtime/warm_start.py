@@ -15,13 +15,15 @@ gain measured from it understated (regression to the mean; docs/algorithms.md §
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -73,11 +75,30 @@ def warm_start(
     on_progress: Callable[[int, float], None] | None = None,
 ) -> WarmStartResult:
     entry = cache_dir / "warm" / _key(source, cfg, task_fingerprint, seed, max_new_tokens)
-    if (entry / "model.safetensors").is_file() and (entry / "meta.json").is_file():
-        model.load_state_dict(load_file(str(entry / "model.safetensors")), strict=False)
-        meta = json.loads((entry / "meta.json").read_text())
-        return WarmStartResult(meta["steps"], meta["accuracy"], 0.0, cached=True)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    # one starting point is trained once: a second process wanting it (two jobs of a compare on one
+    # pair) waits for the first to finish and loads its result instead of training it again
+    with _exclusive(entry.parent / f"{entry.name}.lock"):
+        if (entry / "model.safetensors").is_file() and (entry / "meta.json").is_file():
+            model.load_state_dict(load_file(str(entry / "model.safetensors")), strict=False)
+            meta = json.loads((entry / "meta.json").read_text())
+            return WarmStartResult(meta["steps"], meta["accuracy"], 0.0, cached=True)
+        return _train(model, tok, train, verifier, cfg, entry, seed, max_new_tokens, prompt_style, on_progress)
 
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``lock_path`` for the duration (released if the holder dies)."""
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _train(model: PreTrainedModel, tok: PreTrainedTokenizerBase, train: list[Problem], verifier: Verifier, cfg: WarmStartConfig, entry: Path,
+           seed: int, max_new_tokens: int, prompt_style: PromptStyle | None, on_progress: Callable[[int, float], None] | None) -> WarmStartResult:
     t0 = time.monotonic()
     rng = random.Random(f"warm:{seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)

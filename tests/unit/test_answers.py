@@ -1,0 +1,107 @@
+"""Answer extraction and pretrained defaults (docs/algorithms.md §5.3): an instruct model's
+chat-style answer scores by what it says, a built model keeps whole-completion matching."""
+
+import pytest
+
+from mutualrl.config.schema import PRETRAINED_LR, ExperimentConfig
+from mutualrl.tasks import Problem, build_task, build_verifier
+from mutualrl.tasks.answers import INSTRUCTIONS, extract_answer
+
+
+@pytest.mark.parametrize("text, fmt, want", [
+    ("The answer is 19.", "last_number", "19"),
+    ("4 - 1 = 3", "last_number", "3"),
+    ("5 - 9 = -4", "last_number", "-4"),
+    ("that is 1,234.50 in all", "last_number", "1234.5"),
+    ("19.0", "last_number", "19"),
+    ("no number here", "last_number", None),
+    ("so \\boxed{\\frac{1}{2}} and done", "boxed", "\\frac{1}{2}"),
+    ("\\boxed{1} then \\boxed{2}", "boxed", "2"),
+    ("\\boxed{unclosed", "boxed", None),
+    ("think <answer>7</answer> more <answer> 8 </answer>", "answer_tags", "8"),
+    ("no tags", "answer_tags", None),
+    ("work\n\n  42  \n", "last_line", "42"),
+    ("  42 ", "whole", "42"),
+])
+def test_extract_answer(text, fmt, want):
+    assert extract_answer(text, fmt) == want
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="unknown answer format"):
+        extract_answer("1", "first_number")
+
+
+def test_chat_style_answer_scores_one_under_last_number_and_zero_whole():
+    task = build_task("arithmetic", train_size=10, eval_size=2)
+    p = Problem("12+7=", "19")
+    chat = build_verifier("default", task, "last_number")
+    assert chat.score(p, "The answer is 19.") == 1.0
+    assert chat.score(p, "12 + 7 = 19") == 1.0
+    assert chat.score(p, "It is 19, no, 20") == 0.0  # the last number is the answer
+    assert chat.score(p, "I don't know") == 0.0
+    whole = build_verifier("default", task)
+    assert whole.score(p, "The answer is 19.") == 0.0 and whole.score(p, "19") == 1.0
+
+
+def _cfg(*policies, **task):
+    return ExperimentConfig(name="x", policies=list(policies), task=task or {})
+
+
+BUILT = {"name": "tiny", "model": {"family": "llama"}, "tokenizer": {"kind": "char"}}
+REAL = {"name": "real", "model": {"path": "/models/some-instruct"}}
+
+
+def test_a_loaded_model_gets_pretrained_defaults():
+    cfg = _cfg(REAL)
+    p = cfg.policies[0]
+    assert p.warm_start.enabled is False and p.optim.lr == PRETRAINED_LR
+    assert p.torch_dtype_name() == "float32"  # on a CPU
+    assert cfg.task.answer_format == "last_number"
+    assert cfg.task_instruction() == INSTRUCTIONS["last_number"]
+    cuda = _cfg({**REAL, "engine": {"device": "cuda:0"}})
+    assert cuda.policies[0].torch_dtype_name() == "bfloat16"
+    # the resolved config round-trips (config.yaml is written resolved)
+    again = ExperimentConfig.model_validate(cfg.model_dump())
+    assert again.policies[0].optim.lr == PRETRAINED_LR and again.task.answer_format == "last_number"
+
+
+def test_values_a_file_sets_are_kept_for_a_loaded_model():
+    cfg = _cfg({**REAL, "optim": {"lr": 3e-6}, "warm_start": {"enabled": True}}, answer_format="boxed", instruction="")
+    p = cfg.policies[0]
+    assert p.optim.lr == 3e-6 and p.warm_start.enabled is True
+    assert cfg.task.answer_format == "boxed" and cfg.task_instruction() == ""
+
+
+def test_a_built_model_keeps_todays_behaviour():
+    cfg = _cfg(BUILT)
+    p = cfg.policies[0]
+    assert p.warm_start.enabled is True and p.optim.lr == 1e-4 and p.torch_dtype_name() == "float32"
+    assert cfg.task.answer_format == "whole" and cfg.task_instruction() == ""
+    # beside a pretrained peer the whole experiment asks for the chat format
+    assert _cfg(BUILT, REAL).task.answer_format == "last_number"
+
+
+def test_reasoning_gym_task_config_is_checked():
+    with pytest.raises(ValueError, match="needs task.dataset"):
+        _cfg(BUILT, name="reasoning_gym")
+    with pytest.raises(ValueError, match="are for task reasoning_gym"):
+        _cfg(BUILT, name="arithmetic", dataset="products")
+    assert _cfg(REAL, name="reasoning_gym", dataset="spell_backward").task.answer_format == "answer_tags"
+    assert _cfg(REAL, name="reasoning_gym", dataset="basic_arithmetic").task.answer_format == "last_number"
+
+
+def test_prompt_style_puts_the_instruction_after_the_task_in_the_user_turn(tokenizers):
+    from mutualrl.models.policy import PromptStyle, encode_prompt
+
+    tok = tokenizers["bpe"]
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    try:
+        style = PromptStyle(instruction="Answer with a number.")
+        want = tok.apply_chat_template([{"role": "user", "content": "1+2=\n\nAnswer with a number."}], add_generation_prompt=True, tokenize=True)
+        want = list(want["input_ids"] if hasattr(want, "keys") else want)
+        assert encode_prompt(tok, "1+2=", style) == want
+        # without the template (or turned off), the bare text: what built models are trained on
+        assert encode_prompt(tok, "1+2=", PromptStyle(chat_template=False, instruction="x")) == tok("1+2=")["input_ids"]
+    finally:
+        tok.chat_template = None
