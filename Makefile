@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint test-slow test-vllm test-deploy deploy-tools bench proto clean
+.PHONY: setup real demo test lint test-slow test-vllm test-deploy deploy-tools bench proto clean
 
 setup: $(STAMP) $(GEN_STAMP) $(REDIS_STAMP)
 
@@ -56,7 +56,16 @@ $(REDIS_STAMP): $(STAMP)
 demo: setup
 	$(BIN)/mutualrl run $(CONFIG)
 
-test: setup lint
+# the real-model extra (gguf, accelerate, reasoning-gym): tests of SmolLM2 and reasoning-gym tasks need it;
+# `make setup` stays quick without it
+REAL_STAMP := $(VENV)/.real-extra
+$(REAL_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,real]"
+	touch $@
+
+real: $(REAL_STAMP)
+
+test: setup $(REAL_STAMP) lint
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not deploy" --ignore=tests/deploy tests
 
 # pyflakes-class errors everywhere; a docstring on every public class of the package
@@ -99,11 +108,16 @@ $(VLLM_VENV)/.installed: constraints-cpu.txt
 test-vllm: setup $(VLLM_VENV)/.installed
 	MUTUALRL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm tests/vllm
 
-test-slow: setup
+test-slow: setup $(REAL_STAMP)
 	$(BIN)/python -m pytest -q -m "slow and not vllm" --ignore=tests/deploy tests
 
 # every benchmark runs; those whose goals were missed are named at the end (exit 1)
-bench: setup
+BENCH_STAMP := $(VENV)/.bench-extra
+$(BENCH_STAMP): $(REAL_STAMP)
+	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,real,bench]"
+	touch $@
+
+bench: setup $(BENCH_STAMP)
 	@fail=""; for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || fail="$$fail $$b"; done; \
 	if [ -n "$$fail" ]; then echo "goals missed:$$fail"; exit 1; fi
 

@@ -1,0 +1,286 @@
+"""mutualrl against TRL's GRPOTrainer on the same work: SmolLM2-135M-Instruct, isolated GRPO, the same
+prompts (chat template and instruction), group size, response length, learning rate, clip range,
+loss aggregation and number of steps — run by `mutualrl run`, by `mutualrl up` and by TRL (CPU, no
+vLLM, fp32, no gradient checkpointing), each in its own process, one after the other, in one
+invocation. Prints steps/s, generated tokens/s and peak memory of each and the ratios (goals:
+run >= 1.0x TRL, 1.5x hoped for; up >= 0.8x TRL), then our step's stages against their limits: a
+plain ``model.generate`` of the same batch and a plain forward/backward/AdamW step of it.
+
+Rates are measured between the end of the first step and the end of the last, so model loading and
+process start-up are outside every figure (as in bench_services.py).
+
+    .venv/bin/python benchmarks/bench_vs_trl.py [--steps 4] [--prompts 8] [--group 4] [--max-new-tokens 48]
+    [--pause-pgid PGID]   # stop another job's process group while measuring (a background compare)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "real" / "smollm2.yaml"
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def run_measured(cmd: list[str], log: Path) -> tuple[int, float]:
+    """Run ``cmd`` to the end; return (peak RSS of its process tree in bytes, wall seconds)."""
+    peak = [0]
+    with log.open("w") as f:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], tree_rss(proc.pid))
+                stop.wait(0.25)
+
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        rc = proc.wait()
+        stop.set()
+        th.join()
+    if rc != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} failed (exit {rc}); log: {log}\n" + log.read_text()[-3000:])
+    return peak[0], time.monotonic() - t0
+
+
+def ours(metrics: Path) -> dict:
+    """Step rate, generated tokens and stage seconds from a run's metrics.jsonl."""
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    steps = sorted((r for r in recs if r.get("step", 0) >= 1 and "wall_time" in r), key=lambda r: r["step"])
+    ends = [r["wall_time"] for r in steps]
+    stages: dict[str, float] = {}
+    for r in steps[1:]:
+        for k, v in (r.get("stage_seconds") or {}).items():
+            stages[k] = stages.get(k, 0.0) + v / (len(steps) - 1)
+        stages["generate"] = stages.get("generate", 0.0) + r.get("gen_s", 0.0) / (len(steps) - 1)
+    span = ends[-1] - ends[0]
+    return {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": sum(r["tokens"] for r in steps[1:]) / span,
+            "step_s": span / (len(ends) - 1), "stages": stages, "reward": [r.get("reward_mean") for r in steps]}
+
+
+# ---------------------------------------------------------------------------------------------- TRL
+def trl_worker(spec_file: Path, out_file: Path) -> None:
+    """TRL's GRPOTrainer configured to do our work (runs in its own process)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    spec = json.loads(spec_file.read_text())
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(spec["model"], local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], local_files_only=True, dtype=torch.float32)
+    answers = {p: a for p, a in zip(spec["prompts"], spec["answers"])}
+    rows = [{"prompt": [{"role": "user", "content": p}], "answer": answers[p]} for p in spec["prompts"]]
+    sys.path.insert(0, str(ROOT))
+    from mutualrl.tasks.verifiers import answer_verifier
+    from mutualrl.tasks.base import Problem
+
+    verifier = answer_verifier("last_number")
+
+    def reward(prompts, completions, answer, **_):
+        return [verifier.score(Problem("", a), c[0]["content"] if isinstance(c, list) else c) for c, a in zip(completions, answer)]
+
+    n, g = spec["prompts_per_step"], spec["group_size"]
+    cfg = GRPOConfig(
+        output_dir=spec["out"], use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=n * g, gradient_accumulation_steps=1, num_generations=g, num_iterations=1,
+        max_completion_length=spec["max_new_tokens"], temperature=1.0, top_p=1.0, top_k=0,
+        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", shuffle_dataset=False,
+        max_steps=spec["steps"], logging_steps=1, save_strategy="no", report_to="none", disable_dropout=True,
+        dataloader_num_workers=0, seed=0,
+    )
+    ends: list[float] = []
+    logs: list[dict] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            ends.append(time.time())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs:
+                logs_copy = dict(logs)
+                logs_copy["step"] = state.global_step
+                logs_list.append(logs_copy)
+
+    logs_list = logs
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                          callbacks=[Clock()])
+    trainer.train()
+    lengths = [entry.get("completions/mean_length") for entry in logs if entry.get("completions/mean_length") is not None]
+    rewards = [entry.get("reward") for entry in logs if entry.get("reward") is not None]
+    out_file.write_text(json.dumps({"ends": ends, "mean_lengths": lengths, "rewards": rewards}))
+
+
+# ------------------------------------------------------------------------------------------- limits
+def limits(model_dir: str, prompts: list[str], group: int, max_new: int, completion_len: float) -> dict:
+    """The same batch through plain transformers: sampled ``model.generate`` and one plain
+    forward/backward/AdamW step over prompt + mean-length completion."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts for _ in range(group)]
+    batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    model.eval()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(**batch, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new, pad_token_id=tok.pad_token_id)
+    gen_s = time.perf_counter() - t0
+    new = (out[:, batch["input_ids"].shape[1]:] != tok.pad_token_id).sum().item()
+    width = batch["input_ids"].shape[1] + int(round(completion_len))
+    ids = torch.randint(0, len(tok), (len(texts), width))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model.train()
+    t0 = time.perf_counter()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    train_s = time.perf_counter() - t0
+    return {"generate_s": gen_s, "generate_tokens_per_s": new / gen_s, "train_s": train_s}
+
+
+# --------------------------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--skip", action="append", default=[], choices=["run", "up", "trl", "limits"])
+    ap.add_argument("--pause-pgid", type=int, default=None, help="SIGSTOP this process group while measuring, SIGCONT after.")
+    ap.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
+    ap.add_argument("--trl-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.trl_worker:
+        trl_worker(*args.trl_worker)
+        return
+    if args.pause_pgid:
+        os.killpg(args.pause_pgid, signal.SIGSTOP)
+    try:
+        figures = measure(args)
+    finally:
+        if args.pause_pgid:
+            os.killpg(args.pause_pgid, signal.SIGCONT)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+def measure(args) -> dict:
+    from mutualrl.config import load_config
+    from mutualrl.models.pretrained import get_model
+    from mutualrl.runtime.policy_setup import build_task_from_config
+    from mutualrl.runtime.distributor import PromptDistributor
+
+    model_dir = str(get_model("smollm2-135m-instruct", echo=print))
+    sets = [f"policies.smollm2.model.path={model_dir}", f"budget.steps={args.steps}", f"budget.prompts_per_step={args.prompts}",
+            f"budget.group_size={args.group}", f"budget.max_new_tokens={args.max_new_tokens}", f"policies.smollm2.optim.lr={args.lr}",
+            "eval.every=100000", "eval.size=8"]
+    cfg = load_config(CONFIG, sets)
+    task, _ = build_task_from_config(cfg)
+    instruction = cfg.task_instruction()
+    # the prompts our run trains on, in its order, so TRL sees the same ones
+    distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+    problems = [p for step in range(1, args.steps + 1) for p in distributor.batch(step)]
+    figures: dict = {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new_tokens,
+                     "threads": os.cpu_count(), "model": "SmolLM2-135M-Instruct (fp32)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        cfg_file = tmp / "cfg.yaml"
+        raw = yaml.safe_load(CONFIG.read_text())
+        from mutualrl.config.loading import apply_overrides
+
+        cfg_file.write_text(yaml.safe_dump(apply_overrides(raw, sets)))
+        cli = [sys.executable, "-m", "mutualrl.app.cli"]
+        if "run" not in args.skip:
+            peak, wall = run_measured([*cli, "run", str(cfg_file), "--out", str(tmp / "run")], tmp / "run.log")
+            figures["run"] = {**ours(tmp / "run" / "metrics.jsonl"), "peak_rss_gib": peak / 2**30, "wall_s": wall}
+            print(f"run: {figures['run']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
+        if "up" not in args.skip:
+            peak, wall = run_measured([*cli, "up", str(cfg_file), "--out", str(tmp / "up")], tmp / "up.log")
+            figures["up"] = {**ours(tmp / "up" / "metrics.jsonl"), "peak_rss_gib": peak / 2**30, "wall_s": wall}
+            print(f"up: {figures['up']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
+        if "trl" not in args.skip:
+            spec = {"model": model_dir, "prompts": [f"{p.prompt}\n\n{instruction}" for p in problems], "answers": [p.answer for p in problems],
+                    "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new_tokens, "lr": args.lr,
+                    "steps": args.steps, "out": str(tmp / "trl")}
+            (tmp / "trl.json").write_text(json.dumps(spec))
+            peak, wall = run_measured([sys.executable, __file__, "--trl-worker", str(tmp / "trl.json"), str(tmp / "trl-out.json")], tmp / "trl.log")
+            res = json.loads((tmp / "trl-out.json").read_text())
+            ends = res["ends"]
+            span = ends[-1] - ends[0]
+            tokens = sum(length * args.prompts * args.group for length in res["mean_lengths"][1:])
+            figures["trl"] = {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": tokens / span, "step_s": span / (len(ends) - 1),
+                              "peak_rss_gib": peak / 2**30, "wall_s": wall, "reward": res["rewards"]}
+            print(f"trl: {figures['trl']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
+        if "limits" not in args.skip and "run" in figures:
+            mean_len = figures["run"]["tokens_per_s"] * figures["run"]["step_s"] / (args.prompts * args.group)
+            figures["limits"] = limits(model_dir, [f"{p.prompt}\n\n{instruction}" for p in problems[: args.prompts]], args.group,
+                                       args.max_new_tokens, mean_len)
+    report(figures)
+    return figures
+
+
+def report(f: dict) -> None:
+    print(f"\nSmolLM2-135M-Instruct, isolated GRPO: {f['steps']} steps of {f['prompts_per_step']} prompts x {f['group_size']} samples, "
+          f"<= {f['max_new_tokens']} new tokens, fp32, {f['threads']} cores")
+    print(f"{'':8} {'steps/s':>9} {'s/step':>8} {'gen tok/s':>10} {'peak GiB':>9}")
+    for name in ("run", "up", "trl"):
+        if name in f:
+            r = f[name]
+            print(f"{name:8} {r['steps_per_s']:9.4f} {r['step_s']:8.1f} {r['tokens_per_s']:10.1f} {r['peak_rss_gib']:9.1f}")
+    if "trl" in f:
+        for name, goal in (("run", 1.0), ("up", 0.8)):
+            if name in f:
+                ratio = f[name]["steps_per_s"] / f["trl"]["steps_per_s"]
+                print(f"{name} / trl steps/s: {ratio:.2f}x (goal >= {goal}){'' if ratio >= goal else '  MISSED'}")
+    if "limits" in f and "run" in f:
+        st, lim = f["run"]["stages"], f["limits"]
+        print("\nour step's stages (mean over steps 2..) against the limits of the same batch:")
+        print(f"  generate     {st.get('generate', 0):6.1f} s   plain model.generate {lim['generate_s']:6.1f} s  ({lim['generate_s'] / max(st.get('generate', 1e-9), 1e-9):.2f}x of limit)")
+        print(f"  log-probs    {st.get('logprob', 0):6.1f} s   (none: the sampler's log-probs are π_old, the learner does not recompute them)")
+        print(f"  train        {st.get('train', 0):6.1f} s   plain forward/backward/AdamW {lim['train_s']:6.1f} s  ({lim['train_s'] / max(st.get('train', 1e-9), 1e-9):.2f}x of limit)")
+        print(f"  weight sync  {st.get('weight_sync', 0):6.1f} s   (TRL samples with the trained module itself: 0)")
+
+
+if __name__ == "__main__":
+    main()
