@@ -70,6 +70,8 @@ class CompareProgress:
 
     def on_start(self, label: str, run_dir: Path, steps: int) -> None:
         self.running[label] = _Running(run_dir, steps, time.monotonic())
+        if not self.live:  # a log shows what is in progress (a first run may warm-start for long)
+            self.console.print(f"run started: {label} ({steps} steps) -> {run_dir}", highlight=False, markup=False, soft_wrap=True)
 
     def progress(self, finished: int, total: int, label: str) -> None:
         self.finished = finished

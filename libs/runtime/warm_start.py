@@ -75,10 +75,11 @@ def warm_start(
     on_progress: Callable[[int, float], None] | None = None,
 ) -> WarmStartResult:
     entry = cache_dir / "warm" / _key(source, cfg, task_fingerprint, seed, max_new_tokens)
-    entry.parent.mkdir(parents=True, exist_ok=True)
+    locks = cache_dir / "warm-locks"  # beside the entries, so the cache holds nothing but them
+    locks.mkdir(parents=True, exist_ok=True)
     # one starting point is trained once: a second process wanting it (two jobs of a compare on one
     # pair) waits for the first to finish and loads its result instead of training it again
-    with _exclusive(entry.parent / f"{entry.name}.lock"):
+    with _exclusive(locks / f"{entry.name}.lock"):
         if (entry / "model.safetensors").is_file() and (entry / "meta.json").is_file():
             model.load_state_dict(load_file(str(entry / "model.safetensors")), strict=False)
             meta = json.loads((entry / "meta.json").read_text())

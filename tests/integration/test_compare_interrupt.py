@@ -36,7 +36,10 @@ def test_one_ctrl_c_stops_every_run_and_keeps_the_finished_ones_with_piped_progr
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "mutualrl.app.cli", "compare", str(_spec(tmp_path, steps=4)), "--out", str(out), "--jobs", "2"]
     # its own process group, as a shell gives a job: a terminal's Ctrl-C reaches every process in it
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # and Ctrl-C handled as at a terminal, even when this test runs as a background job (a shell
+    # starts those with SIGINT ignored, and a child inherits that)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -80,3 +81,19 @@ def test_one_rl_step_on_the_real_model(tmp_path, smollm2_dir):
     moved = [k for k in start if k in trained and not torch.equal(start[k], trained[k])]
     if step["reward_mean"] not in (0.0, 1.0) or step.get("loss"):
         assert moved, "a step with learning signal left every parameter unchanged"
+
+
+@pytest.mark.slow
+def test_two_steps_of_the_real_pair_with_sharing(tmp_path, smollm2_dir):
+    """examples/real/pair.yaml as it is, two SGT steps: SmolLM2 beside the Qwen2 on the full Qwen2.5
+    vocabulary (its warm start cut to 20 steps here: the real one takes most of an hour)."""
+    out = tmp_path / "pair"
+    cmd = [sys.executable, "-m", "mutualrl.app.cli", "run", str(ROOT / "examples" / "real" / "pair.yaml"), "--out", str(out),
+           "--set", f"policies.smollm2.model.path={smollm2_dir}", "--set", "budget.steps=2", "--set", "eval.size=8", "--set", "eval.every=2",
+           "--set", "task.eval_size=16", "--set", "task.train_size=500", "--set", "policies.qwen-q25.warm_start.max_steps=20"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["policies"]) == {"smollm2", "qwen-q25"} and summary["policies"]["smollm2"]["warm_start_steps"] == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert {(r["policy"], r["step"]) for r in records if r.get("step", 0) >= 1} == {(n, s) for n in ("smollm2", "qwen-q25") for s in (1, 2)}

@@ -105,3 +105,15 @@ def test_prompt_style_puts_the_instruction_after_the_task_in_the_user_turn(token
         assert encode_prompt(tok, "1+2=", PromptStyle(chat_template=False, instruction="x")) == tok("1+2=")["input_ids"]
     finally:
         tok.chat_template = None
+
+
+def test_import_gguf_refuses_bad_files_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "mutualrl.app.cli", "models", "import-gguf"]
+    missing = subprocess.run([*cli, str(tmp_path / "none.gguf"), "--cache", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
+    wrong = subprocess.run([*cli, str(tmp_path / "weights.bin"), "--cache", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "is not a .gguf file" in wrong.stderr
