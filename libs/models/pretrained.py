@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from mutualrl.models.policy import _atomic_dir, default_cache_dir
+from mutualrl.models.policy import _atomic_dir, default_cache_dir, encode_prompt
 
 META_FILE = "mutualrl-model.json"
 CONVERSION_PACKAGES = ("gguf>=0.10", "accelerate>=1.0")
@@ -188,13 +188,9 @@ def _check_reload(folder: Path, reference, ref_tok) -> None:
 
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
-    msgs = [{"role": "user", "content": PROBE}]
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
-    ref_ids = ref_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    ref_ids = list(ref_ids["input_ids"] if isinstance(ref_ids, dict) or hasattr(ref_ids, "input_ids") else ref_ids)
+    ids, ref_ids = encode_prompt(tok, PROBE), encode_prompt(ref_tok, PROBE)  # through the chat template when there is one
     if ids != ref_ids:
-        raise ModelImportError(f"the saved tokenizer encodes the probe chat prompt differently ({len(ids)} vs {len(ref_ids)} tokens)")
+        raise ModelImportError(f"the saved tokenizer encodes the probe prompt differently ({len(ids)} vs {len(ref_ids)} tokens)")
     with torch.no_grad():
         x = torch.tensor([ids])
         diff = (model(x).logits - reference(x).logits).abs().max().item()
