@@ -186,8 +186,7 @@ def compare(
     results.json and plots with 95 % confidence intervals and paired differences. One Ctrl-C stops
     every run in progress and keeps the finished ones."""
     from mutualrl.app.compare import CompareInterrupted, CompareSpec, run_all, write_report
-    from mutualrl.app.compare_progress import CompareProgress
-    from mutualrl.app.embedded import run_embedded
+    from mutualrl.app.compare_progress import CompareProgress, run_reporting_to_file
 
     try:
         spec = CompareSpec.load(spec_file, quick=quick)
@@ -199,7 +198,7 @@ def compare(
     if not report_only:
         try:
             with CompareProgress(err, len(spec.runs())) as shown:
-                run_all(spec, target, run_embedded, shown.progress, jobs=jobs, on_start=shown.on_start)
+                run_all(spec, target, run_reporting_to_file, shown.progress, jobs=jobs, on_start=shown.on_start)
         except ConfigError as e:
             raise _fail(str(e))
         except CompareInterrupted as e:

@@ -13,6 +13,46 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from mutualrl.app.embedded import Reporter, run_embedded
+
+PROGRESS_FILE = "progress.log"
+
+
+class FileReporter(Reporter):
+    """A run's phases (loading, warm-start progress, evaluations) and steps as lines of
+    ``<run>/progress.log``: what a compare shows of a run that has no step yet, and what
+    ``tail -f`` follows when the compare's output goes to a log."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.t0 = time.monotonic()
+
+    def _write(self, text: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(f"[{time.monotonic() - self.t0:7.1f}s] {text}\n")
+
+    def phase(self, text: str) -> None:
+        self._write(text)
+
+    def step(self, step: int, total: int, records: list[dict]) -> None:
+        self._write(f"step {step}/{total}")
+
+
+def run_reporting_to_file(cfg, run_dir: Path) -> dict:
+    """``run_embedded`` with its progress in ``<run_dir>/progress.log`` (module level: compare's
+    worker processes pickle it)."""
+    return run_embedded(cfg, run_dir, FileReporter(run_dir / PROGRESS_FILE))
+
+
+def last_phase(run_dir: Path) -> str:
+    """The newest line of a run's progress.log, without its timestamp ('' when there is none)."""
+    try:
+        lines = (run_dir / PROGRESS_FILE).read_text().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].split("] ", 1)[-1] if lines else ""
+
 
 @dataclass
 class _Running:
@@ -71,7 +111,8 @@ class CompareProgress:
     def on_start(self, label: str, run_dir: Path, steps: int) -> None:
         self.running[label] = _Running(run_dir, steps, time.monotonic())
         if not self.live:  # a log shows what is in progress (a first run may warm-start for long)
-            self.console.print(f"run started: {label} ({steps} steps) -> {run_dir}", highlight=False, markup=False, soft_wrap=True)
+            self.console.print(f"run started: {label} ({steps} steps) -> {run_dir} (progress: {run_dir / PROGRESS_FILE})",
+                               highlight=False, markup=False, soft_wrap=True)
 
     def progress(self, finished: int, total: int, label: str) -> None:
         self.finished = finished
@@ -103,5 +144,5 @@ class CompareProgress:
             spent = time.monotonic() - run.started
             rate = spent / k if k else None
             table.add_row(label, f"{k}/{run.steps}", f"{rate:.1f}" if rate else "-",
-                          _duration((run.steps - k) * rate) if rate else "warming up")
+                          _duration((run.steps - k) * rate) if rate else (last_phase(run.run_dir) or "starting"))
         return table

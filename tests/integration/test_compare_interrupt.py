@@ -69,6 +69,9 @@ def test_one_ctrl_c_stops_every_run_and_keeps_the_finished_ones_with_piped_progr
     assert 1 <= len(finished) < 4
     kept = int(rest.split("stopped: ")[1].split(" of ")[0])
     assert kept == len(finished)
+    for summary in finished:  # each run's phases and steps, for `tail -f` and the live table
+        progress = (summary.parent / "progress.log").read_text()
+        assert "building task arithmetic" in progress and "step 4/4" in progress
     started = sorted(out.glob("runs/*/*/*/config.yaml"))
     assert len(started) <= 3, "the workers started more runs after the Ctrl-C"
 
