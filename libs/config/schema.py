@@ -176,10 +176,6 @@ class PolicyConfig(_Strict):
         return self
 
 
-ANSWER_FORMATS = ("whole", "last_number", "boxed", "answer_tags", "last_line")
-"""How a completion gives its answer (mutualrl.tasks.answers; docs/algorithms.md §5.3)."""
-
-
 class TaskConfig(_Strict):
     """The verifiable task every policy is trained on and evaluated with."""
     name: Literal["arithmetic", "countdown", "jsonl", "reasoning_gym"] = "arithmetic"
