@@ -107,9 +107,8 @@ def trl_worker(spec_file: Path, out_file: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(spec["model"], local_files_only=True, dtype=torch.float32)
     answers = {p: a for p, a in zip(spec["prompts"], spec["answers"])}
     rows = [{"prompt": [{"role": "user", "content": p}], "answer": answers[p]} for p in spec["prompts"]]
-    sys.path.insert(0, str(ROOT))
-    from mutualrl.tasks.verifiers import answer_verifier
     from mutualrl.tasks.base import Problem
+    from mutualrl.tasks.verifiers import answer_verifier
 
     verifier = answer_verifier("last_number")
 
@@ -127,7 +126,7 @@ def trl_worker(spec_file: Path, out_file: Path) -> None:
         dataloader_num_workers=0, seed=0,
     )
     ends: list[float] = []
-    logs: list[dict] = []
+    records: list[dict] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
@@ -135,16 +134,13 @@ def trl_worker(spec_file: Path, out_file: Path) -> None:
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs:
-                logs_copy = dict(logs)
-                logs_copy["step"] = state.global_step
-                logs_list.append(logs_copy)
+                records.append({**logs, "step": state.global_step})
 
-    logs_list = logs
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok,
                           callbacks=[Clock()])
     trainer.train()
-    lengths = [entry.get("completions/mean_length") for entry in logs if entry.get("completions/mean_length") is not None]
-    rewards = [entry.get("reward") for entry in logs if entry.get("reward") is not None]
+    lengths = [r["completions/mean_length"] for r in records if r.get("completions/mean_length") is not None]
+    rewards = [r["reward"] for r in records if r.get("reward") is not None]
     out_file.write_text(json.dumps({"ends": ends, "mean_lengths": lengths, "rewards": rewards}))
 
 

@@ -52,6 +52,7 @@ class ReasoningGymTask(Task):
             raise ValueError(f"unknown reasoning-gym dataset {dataset!r}; e.g. {', '.join(close)} ({len(rg.factory.DATASETS)} in all)")
         self.dataset_name = dataset
         self.settings = dict(settings or {})
+        self._entries: dict[str, dict] | None = None
         size = (train_size + eval_size) * 2  # room for the duplicates that splitting drops
         try:
             self._dataset = rg.create_dataset(dataset, seed=seed, size=size, **self.settings)
@@ -77,10 +78,9 @@ class ReasoningGymTask(Task):
             return 0.0
 
     def _find_entry(self, problem: Problem) -> dict:
-        for p in self.train + self.eval:
-            if p.prompt == problem.prompt:
-                return p.meta["entry"]
-        return {"question": problem.prompt, "answer": problem.answer, "metadata": {}}
+        if self._entries is None:  # indexed once, not searched per score
+            self._entries = {p.prompt: p.meta["entry"] for p in self.train + self.eval}
+        return self._entries.get(problem.prompt) or {"question": problem.prompt, "answer": problem.answer, "metadata": {}}
 
     def default_verifier(self, answer_format: str = "whole") -> Verifier:
         return ReasoningGymVerifier(self, answer_format)
