@@ -1,0 +1,66 @@
+"""Fixed-seed runs whose metrics must not change when the code is reorganised (issue: one learner
+loop for every rank). ``python tests/e2e/golden_runs.py record`` writes their metrics, without
+the wall-clock fields, to ``tests/e2e/golden/``; ``test_fixed_seed_metrics.py`` reruns them and
+compares. Floating-point results depend on the CPU's vector instructions and the torch build, so
+each file records both, and the test compares only on a machine that matches."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+# seconds and timestamps differ on every run; everything else is a function of the seed
+TIMING_KEYS = {"step_s", "gen_s", "train_s", "wall_time", "stage_seconds"}
+# the demo's own warm start (cached once per test session, shared with the other runs of the demo)
+# so the policies have rewards to learn from; three short steps of each mode after it
+SMALL = ["budget.steps=3", "budget.prompts_per_step=8", "eval.every=3", "eval.size=32"]
+RUNS = {
+    "embedded-sgt": ["sharing.mode=sgt"],
+    "embedded-hacpo": ["sharing.mode=hacpo", "algorithm.kl_coef=0.001", "algorithm.minibatch_rows=32"],
+    "embedded-xgrpo": ["sharing.mode=xgrpo"],
+}
+
+
+def machine() -> dict:
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+
+
+def without_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def run(name: str, out: Path) -> list[dict]:
+    """One golden run through the CLI entry point (in this process); its metrics without timings."""
+    from typer.testing import CliRunner
+
+    from mutualrl.app.cli import app
+
+    args = ["run", str(ROOT / "examples" / "demo.yaml"), "--out", str(out)]
+    for s in SMALL + RUNS[name]:
+        args += ["--set", s]
+    result = CliRunner().invoke(app, args)
+    if result.exit_code != 0:
+        raise RuntimeError(f"golden run {name} failed: {result.output[-2000:]} {result.exception!r}")
+    return without_timing([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
+
+
+def record(out_root: Path) -> None:
+    GOLDEN.mkdir(exist_ok=True)
+    for name in RUNS:
+        records = run(name, out_root / name)
+        (GOLDEN / f"{name}.json").write_text(json.dumps({"machine": machine(), "records": records}, indent=1) + "\n")
+        print(f"recorded {name}: {len(records)} records")
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    if sys.argv[1:] != ["record"]:
+        sys.exit("usage: python tests/e2e/golden_runs.py record")
+    with tempfile.TemporaryDirectory() as d:
+        record(Path(d))

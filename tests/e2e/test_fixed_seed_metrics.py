@@ -1,0 +1,23 @@
+"""A fixed-seed embedded run's metrics are what they were when ``golden/`` was recorded
+(``python tests/e2e/golden_runs.py record``): reorganising the learner loop, the weights
+handshake or the sharing modes must not change a number. Wall-clock fields are left out; on a
+CPU or torch build other than the recording's, floating-point results may differ in the last
+bits, so the comparison runs only where the machine matches."""
+
+import json
+
+import pytest
+
+from golden_runs import GOLDEN, RUNS, machine, run
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_fixed_seed_run_reproduces_its_recorded_metrics(name, tmp_path):
+    golden = json.loads((GOLDEN / f"{name}.json").read_text())
+    if golden["machine"] != machine():
+        pytest.skip(f"recorded on {golden['machine']}, this machine is {machine()}")
+    records = run(name, tmp_path / name)
+    assert len(records) == len(golden["records"])
+    for got, want in zip(records, golden["records"]):
+        assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+    assert any(r.get("eval_accuracy") is not None and r["step"] > 0 for r in records)  # the run trained and evaluated
