@@ -11,6 +11,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from contextlib import ExitStack, contextmanager
 from typing import Iterator
@@ -21,14 +22,15 @@ from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.policy import PolicyArtifacts, default_cache_dir
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics, save_checkpoint
-from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.exchange_setup import open_exchange
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.services.learner.loop import LearnerLoop
 from mutualrl.services.learner.setup import make_learner
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.services.learner import Learner, TokenizerRegistry
 from mutualrl.services.rollout import RolloutWorker
 from mutualrl.weights import WeightStore
+from mutualrl.weights.handshake import WeightsFollower
 from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.factory import build_engine, probe_engine
 from mutualrl.services.rollout.http_engines import EngineUnavailable
@@ -43,6 +45,13 @@ def _engine_errors(policy: str) -> Iterator[None]:
         raise ConfigError(f"policy {policy!r}: {e}") from e
 
 
+def _refused(policy: str):
+    """In one process there is no older engine to fall back on: a refused version stops the run."""
+    def fail(version: int, error: Exception) -> None:
+        raise RuntimeError(f"policy {policy!r}: the rollout engine refused weights version {version}: {error}") from error
+    return fail
+
+
 @dataclass
 class PolicyRuntime:
     """One policy inside `mutualrl run`: its rollout worker, learner and evaluation state in this process."""
@@ -50,6 +59,7 @@ class PolicyRuntime:
     artifacts: PolicyArtifacts
     worker: RolloutWorker
     learner: Learner
+    loop: LearnerLoop
     engine: RolloutEngine
     warm_accuracy: float
     warm_steps: int
@@ -84,8 +94,6 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
 
     rep.phase(f"building task {cfg.task.name}")
     task, verifier = build_task_from_config(cfg)
-    eval_set = task.eval[: cfg.eval.size]
-    max_new = cfg.budget.max_new_tokens
 
     for p in cfg.policies:  # pre-flight: an absent engine server fails before any model work
         if p.engine.backend != "hf":
@@ -109,9 +117,12 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
             engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source)
         worker = make_worker(cfg, pp, engine, exchange, verifier)
         learner = make_learner(cfg, pp, exchange, store, registry, verifier)
-        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, engine, ws_acc, pp.warm_steps))
+        loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg), steps=cfg.budget.steps, eval_every=cfg.eval.every)
+        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps))
 
-    weights_sub = {rt.name: exchange.subscribe(f"{rt.name}-rollout", ["weights_published"], [rt.name]) for rt in runtimes}
+    # the rollout side loads each version the learner announces (write, then announce, then load)
+    followers = {rt.name: WeightsFollower(rt.name, exchange, store, rt.engine.update_weights, lambda e=rt.engine: e.info().weights_version,
+                                          on_refused=_refused(rt.name)) for rt in runtimes}
     distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
     for rt in runtimes:
         writer.write({"step": 0, "policy": rt.name, "rollouts": 0, "eval_accuracy": rt.warm_accuracy, "phase": "warm_start"})
@@ -128,25 +139,11 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
             gen[rt.name] = (rt.worker.run_step(step, problems), time.monotonic() - t0)
         recent = []
         for rt in runtimes:
-            rec = rt.learner.train_step(step, problems)
-            # the rollout side loads the version the learner announced (write, then publish, then load)
-            for m in weights_sub[rt.name].poll():
-                wp = m.payload
-                rt.engine.update_weights(wp.version, wp.uri, wp.checksum)
-                store.acknowledge(rt.name, wp.version)
-                weights_sub[rt.name].ack([m])
             roll, gen_s = gen[rt.name]
-            rec.update(
-                rollouts=rt.worker.total_rollouts,
-                shared_out=roll.successes_published,
-                gen_s=gen_s,
-                step_s=gen_s + rec.pop("train_s", 0.0),
-                wall_time=time.time(),
-            )
-            if step % cfg.eval.every == 0 or step == cfg.budget.steps:
-                acc = greedy_accuracy(rt.learner.model, rt.artifacts.tokenizer, eval_set, verifier, max_new, prompt_style=rt.worker.prompt_style)
-                rec["eval_accuracy"] = acc
-                last_eval[rt.name] = acc
+            rec = rt.loop.step(step, problems, {"rollouts": rt.worker.total_rollouts, "shared_out": roll.successes_published, "gen_s": gen_s}).record
+            followers[rt.name].load_newest()
+            if "eval_accuracy" in rec:
+                last_eval[rt.name] = rec["eval_accuracy"]
             writer.write(rec)
             recent.append(rec)
         rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
@@ -155,11 +152,12 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
 
     rep.phase("writing checkpoints and summary")
     for rt in runtimes:
+        model, opt = rt.loop.finish()
         save_checkpoint(
             out_dir / "checkpoints" / rt.name,
-            rt.learner.model,
+            model,
             rt.artifacts.tokenizer,
-            rt.learner.opt,
+            opt,
             {"step": cfg.budget.steps, "weights_version": rt.learner.version, "policy": rt.name, "source": rt.artifacts.source},
         )
     records = read_metrics(metrics_path)

@@ -24,7 +24,7 @@ from mutualrl.models import load_policy
 from mutualrl.models.families import ModelShape
 from mutualrl.see import ExperienceExchange, InProcessBroker
 from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
-from mutualrl.services.learner.service import _save_state
+from mutualrl.services.learner.loop import save_state
 from mutualrl.tasks import build_task
 from mutualrl.thl import ThlBudget
 from mutualrl.v1 import experience_pb2 as pb
@@ -72,7 +72,7 @@ def timed_steps(steps: int, every: int | None, hidden: int, layers: int, state_d
         records.append(rec)
         if every is not None and step % every == 0:
             rng_state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-            _save_state(state_dir / "a.learner.state.pt", {"learner": learner.state_dict(), "step": step, "rng": rng_state, "ledger": ledger, "records": records}, step)
+            save_state(state_dir / "a.learner.state.pt", {"learner": learner.state_dict(), "step": step, "rng": rng_state, "ledger": ledger, "records": records}, step)
         learner.commit()
         total += time.perf_counter() - t
     return total / steps

@@ -20,13 +20,6 @@ from mutualrl.runtime.exchange_setup import exchange_over, redis_options
 from mutualrl.see import RedisBroker
 
 
-AWAITING_WEIGHTS = "awaiting_weights"
-"""Heartbeat status of a rollout service that joined its learner's weight group after the newest
-version was broadcast: it samples nothing until the learner sends its weights again as a new
-version (a collective version is gone once sent, and sampling with older weights would break
-the staleness bound)."""
-
-
 @dataclass
 class ServiceArgs:
     """The command-line arguments every `mutualrl serve` role shares."""

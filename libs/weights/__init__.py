@@ -8,6 +8,8 @@ from mutualrl.weights.transport import (
     CollectiveSender,
     GroupChannel,
     TensorManifest,
+    WeightReceiver,
+    WeightSender,
     WeightTransport,
     collective_uri,
     hf_receiver,
@@ -17,5 +19,5 @@ from mutualrl.weights.transport import (
     weight_group,
 )
 
-__all__ = ["COLLECTIVE_SCHEME", "CollectiveReceiver", "CollectiveSender", "GroupChannel", "TensorManifest", "WeightStore", "WeightTransport", "collective_uri", "hf_receiver", "hf_sender",
+__all__ = ["COLLECTIVE_SCHEME", "CollectiveReceiver", "CollectiveSender", "GroupChannel", "TensorManifest", "WeightReceiver", "WeightSender", "WeightStore", "WeightTransport", "collective_uri", "hf_receiver", "hf_sender",
            "parse_collective_uri", "tensor_checksum", "verify_checksum", "weight_group"]

@@ -1,9 +1,10 @@
 """Weight transport behind one interface: how a learner's versioned weights reach its rollout engines.
 
-Every transport offers what the learner and the engines call (docs/architecture.md, "One
-training step"): ``publish(policy, version, state, announce)`` on the learner, ``get(uri,
-checksum, manifest)`` on the engine, and ``acknowledge(policy, version)`` once a version is
-served. The transport decides *when* it announces, because the two kinds need opposite orders:
+Every transport has two halves (docs/architecture.md, "Weights"): a :class:`WeightSender`
+(``publish(policy, version, state, announce)``, on the learner) and a :class:`WeightReceiver`
+(``get(uri, checksum, manifest)`` on the engine, ``acknowledge(policy, version)`` once a version is
+served). The handshake on top of them — versions, announcements, asking again — is
+:mod:`mutualrl.weights.handshake`. The transport decides *when* it announces, because the two kinds need opposite orders:
 
 - :class:`~mutualrl.weights.store.WeightStore` (``filesystem``): a safetensors checkpoint per
   version in a shared directory (or memory, embedded); written first, then announced, so a
@@ -77,14 +78,22 @@ Announce = Callable[[str, str, "TensorManifest | None"], None]
 None for the filesystem transport)."""
 
 
-class WeightTransport(Protocol):
-    """What a learner publishes weights through and a rollout engine loads them from."""
+class WeightSender(Protocol):
+    """The learner's half of a transport: publishes a version (and decides when it is announced)."""
 
     def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce, model_config=None) -> tuple[str, str]: ...
+
+
+class WeightReceiver(Protocol):
+    """A rollout engine's half: loads a version by its URI and says which one it serves."""
 
     def get(self, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]: ...
 
     def acknowledge(self, policy: str, version: int) -> None: ...
+
+
+class WeightTransport(WeightSender, WeightReceiver, Protocol):
+    """Both halves in one object: the filesystem store (a directory, or memory in an embedded run)."""
 
 
 def tensor_checksum(state: dict[str, torch.Tensor]) -> str:
@@ -176,12 +185,6 @@ class CollectiveSender:
             channel.broadcast(cpu[name] if self.device == "cpu" else cpu[name].to(self.device))
         return uri, checksum
 
-    def get(self, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
-        raise RuntimeError("the learner's end of a collective transport sends; it does not read weights")
-
-    def acknowledge(self, policy: str, version: int) -> None:
-        """Nothing is kept between versions."""
-
 
 class CollectiveReceiver:
     """An HF engine's end: joins the announced version's group, takes every tensor, then checks.
@@ -195,9 +198,6 @@ class CollectiveReceiver:
         self.device = device
         self.root = None
         self.last_version: dict[str, int] = {}
-
-    def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce, model_config=None) -> tuple[str, str]:
-        raise RuntimeError("an engine's end of a collective transport receives; only the learner publishes")
 
     def get(self, uri: str, checksum: str | None = None, manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
         policy, version = parse_collective_uri(uri)

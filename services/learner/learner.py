@@ -27,9 +27,9 @@ from mutualrl.services.learner.objective import OWN, PEER, Rows, right_aligned
 from mutualrl.services.learner.strategies import make_strategy
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
 from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
-from mutualrl.weights import WeightTransport
+from mutualrl.weights import WeightSender
+from mutualrl.weights.handshake import WeightsPublisher
 from mutualrl.tasks import Problem
-from mutualrl.v1 import experience_pb2 as pb
 
 
 @dataclass
@@ -76,7 +76,7 @@ class Learner:
         tokenizer: PreTrainedTokenizerBase,
         exchange: ExperienceExchange,
         intake: PeerIntake,
-        store: WeightTransport,
+        store: WeightSender,
         settings: LearnerSettings,
         peers: list[str],
         ref_model: PreTrainedModel | None = None,
@@ -89,10 +89,9 @@ class Learner:
         self.tok = tokenizer
         self.ex = exchange
         self.intake = intake
-        self.store = store
         self.s = settings
         self.ref_model = ref_model
-        self.version = 0
+        self.weights = WeightsPublisher(policy, exchange, store, model_config=self.model.config)
         # the size of a published version never changes: computed once, not on every step
         self.weights_bytes = int(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
         # fused: the update of a mini-batch without learning signal is skipped on the device
@@ -304,20 +303,23 @@ class Learner:
                 reward=r.reward, prompt_id=r.prompt_id, source=r.source_policy, kind=PEER, source_mean_logp=r.source_mean_logprob,
             )
 
+    @property
+    def version(self) -> int:
+        """The newest weights version published (every rank of a sharded learner counts alike)."""
+        return self.weights.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.weights.version = value
+
     def publish_weights(self, step: int) -> None:
         """Publish the current weights as the next version (a collective on a sharded learner:
-        every rank gathers, rank 0 publishes). The transport orders write and announcement —
-        filesystem: write, then announce; collective: announce, then broadcast."""
-        self.version += 1
+        every rank gathers, rank 0 publishes through :class:`~mutualrl.weights.handshake.WeightsPublisher`)."""
         weights = full_state_dict(self.model) if self.sharded else self.model.state_dict()
         if shard_rank() != 0:
+            self.weights.version += 1
             return
-
-        def announce(uri: str, checksum: str, manifest) -> None:
-            self.ex.publish(pb.WeightsPublished(policy=self.policy, version=self.version, uri=uri, step=step, checksum=checksum,
-                                                tensors=manifest.to_proto() if manifest is not None else []), self.policy, self.version)
-
-        self.store.publish(self.policy, self.version, weights, announce, model_config=self.model.config if self.store.root else None)
+        self.weights.publish(step, weights)
 
     def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None, while_waiting=None) -> dict:
         """One step. With ``commit=False`` the messages it used stay unacknowledged until

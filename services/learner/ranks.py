@@ -119,18 +119,16 @@ def rank_argv(config: Path, policy: str) -> list[str]:
 
 
 def run_learner_rank(config: Path, policy: str, out_dir: Path, rank: int, world: int, port: int) -> int:
-    """Rank k > 0 of a sharded learner: the same model, sharded the same way, taking rank 0's
-    commands until it says stop. It reads nothing from SEE and publishes nothing: its exchange is
-    an empty in-process one, and only rank 0 publishes the weights the ranks gather together."""
-    import random
-
-    import numpy as np
-
+    """Rank k > 0 of a sharded learner: the same model, sharded the same way, running rank 0's
+    commands through the same :class:`~mutualrl.services.learner.loop.LearnerLoop` until it says
+    stop. It reads nothing from SEE and publishes nothing: its exchange is an empty in-process
+    one, and only rank 0 publishes the weights the ranks gather together."""
     from mutualrl.config import load_config
     from mutualrl.models.policy import default_cache_dir
-    from mutualrl.models.sharding import full_state_dict, shard_policy
+    from mutualrl.models.sharding import shard_policy
     from mutualrl.runtime.policy_setup import build_task_from_config, evaluate
     from mutualrl.see import ExperienceExchange, InProcessBroker
+    from mutualrl.services.learner.loop import Checkpoints, LearnerLoop, follow_rank0
     from mutualrl.services.learner.setup import service_learner
     from mutualrl.weights import WeightStore
 
@@ -146,36 +144,10 @@ def run_learner_rank(config: Path, policy: str, out_dir: Path, rank: int, world:
     exchange = ExperienceExchange(InProcessBroker(), f"mutualrl:rank{rank}")
     shard = (lambda model: shard_policy(model, mixed_precision=device.startswith("cuda"), activation_checkpointing=p.resources.activation_checkpointing))
     pp, learner = service_learner(cfg, index, task, verifier, default_cache_dir(), exchange, WeightStore(), shard=shard, device=device)
-    state_path = rank_state_path(out_dir / "services", policy, rank)
+    loop = LearnerLoop(learner, lambda model: evaluate(pp, model, task, verifier, cfg), steps=cfg.budget.steps, eval_every=cfg.eval.every,
+                       checkpoints=Checkpoints(rank_state_path(out_dir / "services", policy, rank), cfg.checkpoint.every), rank=rank)
     try:
-        while True:
-            command, payload = receive()
-            if command == "stop":
-                return 0
-            if command == "resume":  # rank 0 resumed from step `payload`: so must this rank's shards
-                if payload:
-                    st = torch.load(state_path, weights_only=False) if state_path.is_file() else None
-                    if st is None or st["step"] != payload:
-                        raise RuntimeError(f"rank {rank} of {policy}'s learner has no shards of step {payload} at {state_path} "
-                                           f"(found {st['step'] if st else 'none'}): the ranks' checkpoints disagree")
-                    learner.load_state_dict(st["learner"])
-                    torch.set_rng_state(st["rng"])
-                    random.seed(payload)
-                    np.random.seed(payload)
-            elif command == "step":
-                learner.apply_update(payload, {"logprob": 0.0})
-                learner.publish_weights(payload.step)  # every rank gathers; rank 0 publishes
-            elif command == "publish":
-                learner.publish_weights(payload)
-            elif command == "eval":
-                evaluate(pp, learner.model, task, verifier, cfg)
-            elif command == "checkpoint":
-                tmp = state_path.with_name(state_path.name + ".tmp")
-                torch.save({"learner": learner.state_dict(), "step": payload, "rng": torch.get_rng_state()}, tmp)
-                os.replace(tmp, state_path)
-            elif command == "final":
-                full_state_dict(learner.model)
-            else:
-                raise RuntimeError(f"unknown command {command!r} from rank 0")
+        follow_rank0(loop, receive)
+        return 0
     finally:
         dist.destroy_process_group()

@@ -13,7 +13,7 @@ from mutualrl.services.learner.learner import Learner, LearnerSettings
 from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
 from mutualrl.tasks import Verifier
 from mutualrl.thl import ThlBudget
-from mutualrl.weights import WeightStore, WeightTransport
+from mutualrl.weights import WeightSender, WeightStore
 from mutualrl.weights.groups import learner_sender, parse_address, resolve_backend
 
 
@@ -29,7 +29,7 @@ def learner_optim(cfg: ExperimentConfig, optim: OptimConfig, n_peers: int) -> Op
 
 
 def make_learner(
-    cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightTransport, registry: TokenizerRegistry,
+    cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightSender, registry: TokenizerRegistry,
     verifier: Verifier, peer_deadline_s: float = 5.0, device: str | None = None,
 ) -> Learner:
     p = pp.config
@@ -50,7 +50,7 @@ def make_learner(
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers, ref_model=ref)
 
 
-def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier, cache, exchange: ExperienceExchange, store: WeightTransport,
+def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier, cache, exchange: ExperienceExchange, store: WeightSender,
                     phase=lambda s: None, shard=None, device: str | None = None) -> tuple[PreparedPolicy, Learner]:
     """A learner service's learner: its own policy (loaded, warm-started from the cache) and of each
     peer only its tokenizer — THL carries their text — so its memory does not grow with the number
@@ -70,7 +70,7 @@ def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier,
     return pp, make_learner(cfg, pp, exchange, store, tokenizers, verifier, peer_deadline_s=cfg.launcher.rollout_deadline_s, device=device)
 
 
-def learner_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None) -> WeightTransport:
+def learner_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None) -> WeightSender:
     """Where the learner publishes weights: the shared directory (filesystem), or the weight group
     it hosts at ``weights_group`` (collective; for a vLLM/SGLang server this blocks until the
     server's workers joined)."""

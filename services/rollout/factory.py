@@ -9,11 +9,11 @@ from mutualrl.config.schema import EngineConfig
 from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.hf_engine import HFEngine
 from mutualrl.services.rollout.http_engines import EngineUnavailable, SGLangServerEngine, VLLMServerEngine
-from mutualrl.weights import WeightStore, WeightTransport, hf_receiver
+from mutualrl.weights import WeightReceiver, WeightStore, hf_receiver
 from mutualrl.weights.groups import parse_address, resolve_backend
 
 
-def build_engine(cfg: EngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, store: WeightTransport, name: str,
+def build_engine(cfg: EngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, store: WeightReceiver, name: str,
                  collective: bool = False) -> RolloutEngine:
     """``hf`` samples a private copy of ``model`` (loading through ``store``); ``vllm``/``sglang``
     probe their server and raise :class:`~mutualrl.services.rollout.http_engines.EngineUnavailable`
@@ -37,7 +37,7 @@ def probe_engine(cfg: EngineConfig) -> dict:
     return {"engine": eng.kind, "version": eng.engine_version, **eng.capabilities}
 
 
-def rollout_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None, newest=None) -> WeightTransport:
+def rollout_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None, newest=None) -> WeightReceiver:
     """What the rollout service loads weights through: the shared directory (filesystem); with the
     collective transport, the hf engine's receiving end of the learner's weight group (it joins each
     announced version's group; ``newest()`` — the newest announced version — lets it give up one

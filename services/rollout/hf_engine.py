@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from mutualrl.models.generation import Sample, sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
-from mutualrl.weights import TensorManifest, WeightTransport
+from mutualrl.weights import TensorManifest, WeightReceiver
 
 
 class HFEngine(RolloutEngine):
@@ -22,7 +22,7 @@ class HFEngine(RolloutEngine):
     docs/engines.md §1), which equals the raw policy at T=1 without filters.
     """
 
-    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightTransport, device: str = "cpu", name: str = ""):
+    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightReceiver, device: str = "cpu", name: str = ""):
         self.model = copy.deepcopy(model).to(device).eval()
         self.eos_id, self.pad_id = eos_id, pad_id
         self.store = store

@@ -11,7 +11,6 @@ collective transport, a version broadcast before it rejoined is asked for again 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -23,11 +22,11 @@ from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.policy_setup import prepare_policy, prompt_style
 from mutualrl.services.rollout.setup import make_worker
-from mutualrl.runtime.service_common import AWAITING_WEIGHTS, ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see import SeeCollector
 from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
-from mutualrl.weights import TensorManifest
+from mutualrl.weights.handshake import WeightsFollower
 from mutualrl.v1 import experience_pb2 as pb
 
 
@@ -84,74 +83,14 @@ def run_rollout_service(args: ServiceArgs) -> int:
 
     refused_c = Counter("mutualrl_weights_refused", "Announced weights versions this engine refused (checksum, shape, version order).",
                         ["policy"], registry=registry)
-    weights = {"handled": 0, "asked": 0}  # the newest announced version loaded or refused; the missed one asked for again
-
-    def load_newest() -> None:
-        """Load the newest announced version. A collective one must be taken while the learner
-        broadcasts it, so this runs on its own thread (:func:`follow`); a refused version is
-        counted and logged, and the engine keeps serving the one before."""
-        wp = ctx.exchange.last("weights_published", p.name)
-        if wp is None:
-            return
-        version = int(wp.payload.version)
-        if version <= max(weights["handled"], engine.info().weights_version):
-            return
-        if collective and not broadcast_pending(wp):
-            # announced before this service joined and already sent: sampling now would use older
-            # weights than the staleness bound allows, so ask the learner to send them again
-            if weights["asked"] != version:
-                log.warning("weights version missed (broadcast before this service started): asking the learner to send it again",
-                            extra={"fields": {"version": version}})
-                ctx.exchange.publish(pb.Heartbeat(role="rollout", step=ctx.last_step("rollout"), version=engine.info().weights_version,
-                                                  status=AWAITING_WEIGHTS), f"{p.name}.rollout")
-                weights["asked"] = version
-            return
-        try:
-            engine.update_weights(version, wp.payload.uri, wp.payload.checksum or None, TensorManifest.from_proto(wp.payload.tensors))
-        except (ValueError, RuntimeError) as e:  # a wrong checksum, weights that do not fit, a broken broadcast (the learner died)
-            if engine.info().weights_version < version:
-                refused_c.labels(p.name).inc()
-                log.error("weights refused", extra={"fields": {"version": version, "error": str(e)}})
-        else:
-            store.acknowledge(p.name, version)
-            servicer.metrics.version.labels(p.name, "rollout").set(version)
-            log.info("weights loaded", extra={"fields": {"version": version}})
-        weights["handled"] = max(weights["handled"], version)
-
-    def broadcast_pending(wp) -> bool:
-        """A collective version is still to be broadcast until the learner's next heartbeat: the
-        learner announces, broadcasts (waiting for this service), and only then heartbeats."""
-        hb = ctx.exchange.last("heartbeat", f"{p.name}.learner")
-        return hb is None or wp.envelope.created_unix_nanos > hb.envelope.created_unix_nanos
-
-    follow_error: list[BaseException] = []
-
-    # woken by each announcement (a blocking read of the learner's weights stream), not by polling
-    announcements = ctx.exchange.subscribe(f"{p.name}-rollout-weights", ["weights_published"], [p.name], consumer=f"{p.name}-rollout")
-
-    def follow() -> None:
-        """Load every version as it is announced (the learner's announcement comes before its
-        broadcast, and the learner waits for every receiver)."""
-        try:
-            while not stop.is_set():
-                load_newest()
-                got = announcements.poll(block_ms=250)
-                if got:
-                    announcements.ack(got)
-        except BaseException as e:  # noqa: BLE001 - a broken weight group: the service exits and is restarted
-            follow_error.append(e)
-            stop.set()
-
-    def newest_handled() -> bool:
-        if follow_error:
-            raise RuntimeError(f"weights follower failed: {follow_error[0]}") from follow_error[0]
-        return max(weights["handled"], engine.info().weights_version) >= newest_announced()
-
-    threading.Thread(target=follow, name="weights-follower", daemon=True).start()
+    follower = WeightsFollower(p.name, ctx.exchange, store, engine.update_weights, lambda: engine.info().weights_version, collective=collective,
+                               log=log, on_loaded=lambda v: servicer.metrics.version.labels(p.name, "rollout").set(v),
+                               on_refused=lambda v, e: refused_c.labels(p.name).inc())
+    follower.follow(stop)
     try:
         while step <= cfg.budget.steps and not stop.is_set():
             # bounded staleness: the learner finished step t-1 and its newest version is served
-            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 and newest_handled(), 3600, stop):
+            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 and follower.caught_up(), 3600, stop):
                 break
             fault_point("rollout_before_sample", step, ctx.state_dir, p.name)  # crash tests: the weights are loaded, nothing sampled
             res = worker.run_step(step, distributor.batch(step))
@@ -170,8 +109,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
             step += 1
         # the budget is sampled: keep serving (weights updates, Generate) until told to stop
         stop.wait()
-        if follow_error:
-            raise RuntimeError(f"weights follower failed: {follow_error[0]}") from follow_error[0]
+        follower.check()
     finally:
         server.stop(grace=2)
         ops.stop()
