@@ -19,7 +19,8 @@ from typing import Iterator
 import torch
 
 from mutualrl.config import ConfigError, ExperimentConfig, dump_config
-from mutualrl.models.policy import PolicyArtifacts, default_cache_dir
+from mutualrl.models.cache import default_cache_dir
+from mutualrl.models.policy import PolicyArtifacts
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics, save_checkpoint
 from mutualrl.runtime.exchange_setup import open_exchange

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from mutualrl.config import ExperimentConfig, dump_config
-from mutualrl.models.policy import default_cache_dir
+from mutualrl.models.cache import default_cache_dir
 from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
 from mutualrl.runtime.exchange_setup import REDIS_PASSWORD_ENV, REDIS_USERNAME_ENV, RUN_HMAC_ENV, hmac_key, probe_broker, redis_options, run_namespace
 from mutualrl.runtime.serve_args import serve_argv

@@ -25,7 +25,7 @@ def _case(name: str, q) -> None:
     import torch
 
     from mutualrl.config import load_config
-    from mutualrl.models.policy import default_cache_dir
+    from mutualrl.models.cache import default_cache_dir
     from mutualrl.runtime.policy_setup import build_task_from_config
     from mutualrl.see import ExperienceExchange, InProcessBroker
     from mutualrl.services.learner.setup import service_learner

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mutualrl.grpo.groups import group_index, group_sum
 from mutualrl.grpo.registry import Registry
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
@@ -17,13 +18,11 @@ def group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.T
     returns   mean [B], std [B], count [B], broadcast back to rows.
     A group of one has mean 0 and std 1 (verl's convention), so its advantage is the raw reward.
     """
-    _, inverse = torch.unique(group_ids, return_inverse=True)  # [B] -> 0..K-1
-    K = int(inverse.max()) + 1 if inverse.numel() else 0
+    inverse, K = group_index(group_ids)  # [B] -> 0..K-1
     r = rewards.float()
-    count = torch.zeros(K, dtype=r.dtype).index_add_(0, inverse, torch.ones_like(r))  # [K]
-    total = torch.zeros(K, dtype=r.dtype).index_add_(0, inverse, r)  # [K]
-    mean = total / count  # [K]
-    sq = torch.zeros(K, dtype=r.dtype).index_add_(0, inverse, (r - mean[inverse]) ** 2)  # [K]
+    count = group_sum(torch.ones_like(r), inverse, K)  # [K]
+    mean = group_sum(r, inverse, K) / count  # [K]
+    sq = group_sum((r - mean[inverse]) ** 2, inverse, K)  # [K]
     std = torch.sqrt(sq / (count - 1).clamp(min=1))  # [K]
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)

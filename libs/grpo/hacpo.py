@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from mutualrl.grpo.groups import group_index, group_sum
 from mutualrl.grpo.gspo import sequence_mean
 from mutualrl.grpo.kl import kl_penalty
 from mutualrl.grpo.aggregation import agg_loss, row_mean
@@ -111,22 +112,20 @@ def hacpo_advantages(
     own-sample mean for that group.
     Returns (advantages [B], baseline [B]).
     """
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    K = int(inv.max()) + 1 if inv.numel() else 0
+    inv, K = group_index(group_ids)  # [B] -> 0..K-1
     r = rewards.double()
     w = source_weight.double()
     own = is_self.double()
-    zeros = lambda: torch.zeros(K, dtype=torch.float64)  # noqa: E731
-    n = zeros().index_add_(0, inv, torch.ones_like(r))
-    mean = zeros().index_add_(0, inv, r) / n
-    weighted = zeros().index_add_(0, inv, r * w) / n
-    sq = zeros().index_add_(0, inv, (r - mean[inv]) ** 2)
+    n = group_sum(torch.ones_like(r), inv, K)  # [K]
+    mean = group_sum(r, inv, K) / n
+    weighted = group_sum(r * w, inv, K) / n
+    sq = group_sum((r - mean[inv]) ** 2, inv, K)
     std = torch.sqrt(sq / (n - 1).clamp(min=1))
     r_min = torch.full((K,), float("inf"), dtype=torch.float64).scatter_reduce(0, inv, r, "amin")
     r_max = torch.full((K,), float("-inf"), dtype=torch.float64).scatter_reduce(0, inv, r, "amax")
     identical = r_min == r_max
-    n_own = zeros().index_add_(0, inv, own)
-    own_mean = zeros().index_add_(0, inv, r * own) / n_own.clamp(min=1)
+    n_own = group_sum(own, inv, K)
+    own_mean = group_sum(r * own, inv, K) / n_own.clamp(min=1)
     base = torch.where(identical, mean, weighted)  # guard (a)
     if binary_baseline_guard:
         base = torch.where((base > 1.0) & (n_own > 0), own_mean, base)  # guard (b)

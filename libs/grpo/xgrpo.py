@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import torch
 
+from mutualrl.grpo.groups import group_index, group_sum
+
 XGRPO_VARIANTS = ("pooled", "calibrated", "leave_self_out")
 
 
 def _own_sums(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row count, Σr and Σr² of the row's own group. [B] each."""
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    K = int(inverse.max()) + 1 if inverse.numel() else 0
+    inverse, K = group_index(group_ids)
     r = rewards.double()
-    n = torch.zeros(K, dtype=r.dtype).index_add_(0, inverse, torch.ones_like(r))
-    s1 = torch.zeros(K, dtype=r.dtype).index_add_(0, inverse, r)
-    s2 = torch.zeros(K, dtype=r.dtype).index_add_(0, inverse, r * r)
+    n = group_sum(torch.ones_like(r), inverse, K)
+    s1 = group_sum(r, inverse, K)
+    s2 = group_sum(r * r, inverse, K)
     return n[inverse], s1[inverse], s2[inverse]
 
 

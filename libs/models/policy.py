@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,14 +17,12 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from mutualrl.models.cache import atomic_dir, default_cache_dir
 from mutualrl.models.families import ModelShape, build_model
+from mutualrl.models.production import qwen25_task_tokenizer, qwen25_tokenizer
 from mutualrl.models.tokenizers import BUILDER_VERSIONS, build_tokenizer, load_tokenizer
 
 CACHE_VERSION = "2"
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("MUTUALRL_CACHE", Path.home() / ".cache" / "mutualrl"))
 
 
 @dataclass
@@ -51,22 +46,6 @@ def tokenizer_fingerprint(tok: PreTrainedTokenizerBase) -> str:
 
 def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
-def _atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
-    """Write into a temp dir and rename, so concurrent or killed runs never see half a cache entry."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tmp-"))
-    try:
-        write(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 PRODUCTION_KIND = "qwen2.5"  # a production vocabulary (151,646 tokens), rebuilt offline, not trained
@@ -132,13 +111,11 @@ def policy_tokenizer(
     if path:
         return load_tokenizer(path), ("path", path)
     if tokenizer_kind == PRODUCTION_KIND:
-        from mutualrl.models.production import qwen25_tokenizer  # it imports this module's cache helpers
 
         return qwen25_tokenizer(cache_dir), ("production", PRODUCTION_KIND)
     if tokenizer_kind == PRODUCTION_TASK_KIND:
         if corpus is None:
             raise ValueError("tokenizer kind qwen2.5-task needs the task corpus (its characters are the alphabet kept)")
-        from mutualrl.models.production import qwen25_task_tokenizer
 
         tok = qwen25_task_tokenizer({c for text in corpus() for c in text}, cache_dir)
         return tok, ("production", PRODUCTION_TASK_KIND, tokenizer_fingerprint(tok))
@@ -153,7 +130,7 @@ def _cached_tokenizer(kind: str, vocab_size: int, corpus: Callable[[], list[str]
     if not (entry / "tokenizer.json").is_file() or not corpus_fp:
         tok = build_tokenizer(kind, corpus(), vocab_size)
         if corpus_fp:
-            _atomic_dir(entry, lambda d: tok.save_pretrained(d))
+            atomic_dir(entry, lambda d: tok.save_pretrained(d))
         return tok, ("built", key)
     return load_tokenizer(entry), ("built", key)
 

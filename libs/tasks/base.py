@@ -1,44 +1,13 @@
-"""Core task types shared by every task and verifier."""
+"""The task base class: seeded, disjoint train and eval splits of verifiable problems."""
 
 from __future__ import annotations
 
 import hashlib
 import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class Problem:
-    """One verifiable problem.
-
-    ``prompt_id`` is stable across processes and policies (a hash of the prompt
-    text), so peers can line up groups for the same prompt without sharing
-    Python objects.
-    """
-
-    prompt: str
-    answer: str
-    meta: dict = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def prompt_id(self) -> str:
-        return hashlib.sha1(self.prompt.encode("utf-8")).hexdigest()[:16]
-
-
-class Verifier(ABC):
-    """Scores a completion: 1.0 when verified correct, else 0.0."""
-
-    name: str = "verifier"
-    version: str = "1"
-
-    @abstractmethod
-    def score(self, problem: Problem, completion: str) -> float: ...
-
-    def score_many(self, problems: list[Problem], completions: list[str]) -> list[float]:
-        if len(problems) != len(completions):
-            raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
-        return [self.score(p, c) for p, c in zip(problems, completions)]
+from mutualrl.tasks.problem import Problem, Verifier
+from mutualrl.tasks.verifiers import answer_verifier
 
 
 class Task(ABC):
@@ -65,8 +34,6 @@ class Task(ABC):
     def default_verifier(self, answer_format: str = "whole") -> Verifier:
         """The task's own verifier for answers given in ``answer_format`` (tasks.answers): the
         whole completion by default, as a built model is trained to answer."""
-        from mutualrl.tasks.verifiers import answer_verifier
-
         return answer_verifier(answer_format)
 
     def _build_splits(self) -> None:

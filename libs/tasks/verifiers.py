@@ -8,7 +8,7 @@ import multiprocessing as mp
 import threading
 
 from mutualrl.tasks.answers import extract_answer, normalise_number
-from mutualrl.tasks.base import Problem, Verifier
+from mutualrl.tasks.problem import Problem, Verifier
 
 
 class ExactMatchVerifier(Verifier):

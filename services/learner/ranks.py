@@ -124,7 +124,7 @@ def run_learner_rank(config: Path, policy: str, out_dir: Path, rank: int, world:
     stop. It reads nothing from SEE and publishes nothing: its exchange is an empty in-process
     one, and only rank 0 publishes the weights the ranks gather together."""
     from mutualrl.config import load_config
-    from mutualrl.models.policy import default_cache_dir
+    from mutualrl.models.cache import default_cache_dir
     from mutualrl.models.sharding import shard_policy
     from mutualrl.runtime.policy_setup import build_task_from_config, evaluate
     from mutualrl.see import ExperienceExchange, InProcessBroker

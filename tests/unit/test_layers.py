@@ -59,3 +59,50 @@ def test_imports_point_down_only():
             if t_rank > rank or (rank == 1 and t_rank == 1 and t_unit != unit):
                 upward.append(f"{path.relative_to(ROOT)}:{line} ({module}) imports {target}")
     assert not upward, "upward or sideways imports:\n" + "\n".join(upward)
+
+
+def _target_module(name: str, known: set[str]) -> str | None:
+    """The module an import loads: ``mutualrl.see.exchange.stream_name`` → ``mutualrl.see.exchange``."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_no_import_circles():
+    """No two modules import each other, directly or around a loop, not even inside a function
+    (a function-level import that only hides a circle from the interpreter hides it from readers
+    too)."""
+    modules = dict(_modules())
+    known = set(modules)
+    graph = {m: {t for _, imp in _imports(path) if (t := _target_module(imp, known)) and t != m} for m, path in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
