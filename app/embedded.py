@@ -7,7 +7,6 @@ them into processes swaps transports, not logic.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.cache import default_cache_dir
 from mutualrl.models.policy import PolicyArtifacts
 from mutualrl.runtime.distributor import PromptDistributor
-from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics, save_checkpoint
+from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, save_checkpoint, write_summary
 from mutualrl.runtime.exchange_setup import open_exchange
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
 from mutualrl.services.learner.loop import LearnerLoop
@@ -163,29 +162,19 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
         )
     records = read_metrics(metrics_path)
     plot_curves(records, out_dir / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.mode}")
-    summary = {
-        "name": cfg.name,
-        "sharing_mode": cfg.sharing.mode,
-        "steps": cfg.budget.steps,
-        # wall seconds of the whole run and of its RL steps (evaluations included, warm starts,
-        # model loading and the final checkpoints not): what a compare's budget is made of
-        "elapsed_s": round(time.monotonic() - started, 1),
-        "rl_s": round(finished_rl - rl_started, 1),
-        "threads": torch.get_num_threads(),
-        "policies": {
-            rt.name: {
-                "source": rt.artifacts.source,
-                "params": rt.artifacts.num_params,
-                "tokenizer_fingerprint": rt.artifacts.fingerprint,
-                "warm_start_steps": rt.warm_steps,
-                "warm_start_accuracy": rt.warm_accuracy,
-                "final_accuracy": last_eval[rt.name],
-                "rollouts": rt.worker.total_rollouts,
-                "rescue_count": rt.learner.totals["rescues"],
-                "peer_rejections": {k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items() if k.startswith("rejected_")},
-            }
+    return write_summary(
+        out_dir, cfg.name, cfg.sharing.mode, cfg.budget.steps,
+        {
+            rt.name: policy_summary(
+                source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,
+                warm_start_accuracy=rt.warm_accuracy, final_accuracy=last_eval[rt.name], rollouts=rt.worker.total_rollouts,
+                rescue_count=rt.learner.totals["rescues"],
+                peer_rejections={k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items() if k.startswith("rejected_")},
+                tokenizer_fingerprint=rt.artifacts.fingerprint,
+            )
             for rt in runtimes
         },
-    }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+        # wall seconds of the whole run and of its RL steps (evaluations included, warm starts,
+        # model loading and the final checkpoints not): what a compare's budget is made of
+        elapsed_s=round(time.monotonic() - started, 1), rl_s=round(finished_rl - rl_started, 1), threads=torch.get_num_threads(),
+    )

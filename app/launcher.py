@@ -29,7 +29,7 @@ from mutualrl.models.cache import default_cache_dir
 from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
 from mutualrl.runtime.exchange_setup import REDIS_PASSWORD_ENV, REDIS_USERNAME_ENV, RUN_HMAC_ENV, hmac_key, probe_broker, redis_options, run_namespace
 from mutualrl.runtime.serve_args import serve_argv
-from mutualrl.runtime.outputs import MetricsWriter, plot_curves, read_metrics
+from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, write_summary
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
 from mutualrl.see.acl import ServiceUser, acl_file
 from mutualrl.see.server import RedisServer, free_port
@@ -274,21 +274,19 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
     writer.close()
     records = read_metrics(out / "metrics.jsonl")
     plot_curves(records, out / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.mode} (services)")
-    summary = {
-        "name": cfg.name, "sharing_mode": cfg.sharing.mode, "steps": cfg.budget.steps, "launcher": "services",
-        "policies": {
-            name: {
-                "source": src, "params": params, "warm_start_steps": ws_steps, "warm_start_accuracy": acc,
-                "final_accuracy": final[name], "rollouts": rollouts.get(name, 0),
-                "rescue_count": sum(r.get("rescue_count") or 0 for r in per_policy.get(name, {}).values()),
-                "peer_rejections": _sum_counts(r.get("peer_rejected") or {} for r in per_policy.get(name, {}).values()),
-                "restarts": {k: v for k, v in restarts.items() if k.startswith(name + ".")},
-            }
+    return write_summary(
+        out, cfg.name, cfg.sharing.mode, cfg.budget.steps,
+        {
+            name: policy_summary(
+                source=src, params=params, warm_start_steps=ws_steps, warm_start_accuracy=acc, final_accuracy=final[name],
+                rollouts=rollouts.get(name, 0), rescue_count=sum(r.get("rescue_count") or 0 for r in per_policy.get(name, {}).values()),
+                peer_rejections=_sum_counts(r.get("peer_rejected") or {} for r in per_policy.get(name, {}).values()),
+                restarts={k: v for k, v in restarts.items() if k.startswith(name + ".")},
+            )
             for name, (acc, ws_steps, src, params) in starts.items()
         },
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+        launcher="services",
+    )
 
 
 def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] = print, failure: list | None = None) -> tuple[int, dict | None]:

@@ -72,3 +72,18 @@ def save_checkpoint(dir_: Path, model: PreTrainedModel, tok: PreTrainedTokenizer
     if optimizer is not None:
         torch.save(optimizer.state_dict(), dir_ / "optimizer.pt")
     (dir_ / "trainer_state.json").write_text(json.dumps(state, indent=2))
+
+
+def policy_summary(*, source: str, params: int, warm_start_steps: int, warm_start_accuracy: float, final_accuracy: float, rollouts: int,
+                   rescue_count: int, peer_rejections: dict[str, int], **extra: Any) -> dict:
+    """One policy's entry of ``summary.json`` (every launcher writes these keys; ``extra`` adds its own)."""
+    return {"source": source, "params": params, "warm_start_steps": warm_start_steps, "warm_start_accuracy": warm_start_accuracy,
+            "final_accuracy": final_accuracy, "rollouts": rollouts, "rescue_count": rescue_count, "peer_rejections": peer_rejections, **extra}
+
+
+def write_summary(out_dir: Path, name: str, sharing_mode: str, steps: int, policies: dict[str, dict], **extra: Any) -> dict:
+    """``summary.json`` of a run, the same shape from `mutualrl run` and `mutualrl up` (what
+    `mutualrl compare` and the reports read); ``extra``: what a launcher adds (timings, restarts)."""
+    summary = {"name": name, "sharing_mode": sharing_mode, "steps": steps, **extra, "policies": policies}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
