@@ -87,7 +87,7 @@ def test_every_version_is_loaded_once_and_acknowledged(transport, tmp_path):
     try:
         for step in (1, 2, 3):
             assert _publish(ex, publisher, step, _state(step)) == step
-            _wait(follower.caught_up)
+            _wait(lambda: follower.caught_up() and loaded[-1:] == [step])  # served, then reported
     finally:
         stop.set()
     assert loaded == [1, 2, 3] and engine.loads == 3  # once each, in order
