@@ -158,7 +158,10 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable, progress: Callable[[
         else:
             _run_parallel(pending, runner, jobs, out, session, done, len(todo), progress, on_start)
     except KeyboardInterrupt:
-        raise CompareInterrupted(len(done), len(todo)) from None
+        # counted on disk, as a resume counts them: a run that wrote its summary.json while the
+        # Ctrl-C arrived is finished and kept, even if its worker's result was never collected
+        kept = sum((run_dir(out, e, p, s) / "summary.json").is_file() for e, p, s in todo)
+        raise CompareInterrupted(kept, len(todo)) from None
     return done
 
 
