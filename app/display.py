@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from mutualrl.config import ExperimentConfig
 from mutualrl.app.embedded import Reporter
+from mutualrl.config import ExperimentConfig
 
 
 class LiveReporter(Reporter):

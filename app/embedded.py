@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
 import torch
@@ -21,19 +21,19 @@ from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.cache import default_cache_dir
 from mutualrl.models.policy import PolicyArtifacts
 from mutualrl.runtime.distributor import PromptDistributor
-from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, save_checkpoint, write_summary
 from mutualrl.runtime.exchange_setup import open_exchange
+from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, save_checkpoint, write_summary
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.services.learner import Learner, TokenizerRegistry
 from mutualrl.services.learner.loop import LearnerLoop
 from mutualrl.services.learner.setup import make_learner
-from mutualrl.services.rollout.setup import make_worker
-from mutualrl.services.learner import Learner, TokenizerRegistry
 from mutualrl.services.rollout import RolloutWorker
-from mutualrl.weights import WeightStore
-from mutualrl.weights.handshake import WeightsFollower
 from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.factory import build_engine, probe_engine
 from mutualrl.services.rollout.http_engines import EngineUnavailable
+from mutualrl.services.rollout.setup import make_worker
+from mutualrl.weights import WeightStore
+from mutualrl.weights.handshake import WeightsFollower
 
 
 @contextmanager

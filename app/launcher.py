@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mutualrl.config import ExperimentConfig, dump_config
+from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.cache import default_cache_dir
-from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
 from mutualrl.runtime.exchange_setup import REDIS_PASSWORD_ENV, REDIS_USERNAME_ENV, RUN_HMAC_ENV, hmac_key, probe_broker, redis_options, run_namespace
-from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, write_summary
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.see.acl import ServiceUser, acl_file
+from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
 from mutualrl.see.server import RedisServer, free_port
-from mutualrl.config import ConfigError
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.local import LocalPlan, plan_local
 from mutualrl.services.mwra.planner import PlanningError

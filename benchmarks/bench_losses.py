@@ -23,8 +23,8 @@ import torch
 from mutualrl.config.schema import AlgorithmConfig, SharingConfig
 from mutualrl.grpo import sgt_nll
 from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, right_aligned
-from mutualrl.services.learner.strategies import make_strategy
 from mutualrl.services.learner.peer_experience import PeerStats
+from mutualrl.services.learner.strategies import make_strategy
 
 GROUPS, G, T = 64, 8, 256
 CASES: dict[str, tuple[dict, dict]] = {

@@ -15,9 +15,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from mutualrl.config import load_config
 from mutualrl.app.embedded import run_embedded
 from mutualrl.app.launcher import run_services
+from mutualrl.config import load_config
 
 
 def steps_per_second(metrics: Path) -> float:

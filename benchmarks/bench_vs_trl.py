@@ -213,8 +213,8 @@ def missed(f: dict) -> list[str]:
 def measure(args) -> dict:
     from mutualrl.config import load_config
     from mutualrl.models.pretrained import get_model
-    from mutualrl.runtime.policy_setup import build_task_from_config
     from mutualrl.runtime.distributor import PromptDistributor
+    from mutualrl.runtime.policy_setup import build_task_from_config
 
     model_dir = str(get_model("smollm2-135m-instruct", echo=print))
     sets = [f"policies.smollm2.model.path={model_dir}", f"budget.steps={args.steps}", f"budget.prompts_per_step={args.prompts}",

@@ -4,6 +4,7 @@ Tools that only need schemas (CLI validation, Helm value checks) import this
 package without pulling in torch or transformers.
 """
 
+from mutualrl.config.loading import ConfigError, apply_overrides, dump_config, load_config, parse_config
 from mutualrl.config.schema import (
     AlgorithmConfig,
     BrokerConfig,
@@ -20,7 +21,6 @@ from mutualrl.config.schema import (
     TokenizerConfig,
     WarmStartConfig,
 )
-from mutualrl.config.loading import ConfigError, apply_overrides, load_config, dump_config, parse_config
 
 __all__ = [
     "parse_config",

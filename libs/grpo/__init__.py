@@ -5,7 +5,7 @@ Every function cites the formula it implements in ``docs/algorithms.md``
 ``T`` completion tokens, ``G`` group size, ``M`` peers.
 """
 
-from mutualrl.grpo.advantages import ADVANTAGE_ESTIMATORS, get_advantage_estimator, grpo_advantages, group_stats
+from mutualrl.grpo.advantages import ADVANTAGE_ESTIMATORS, get_advantage_estimator, group_stats, grpo_advantages
 from mutualrl.grpo.aggregation import LOSS_AGG_MODES, agg_loss
 from mutualrl.grpo.gspo import gspo_loss, gspo_token_loss, sequence_mean, sequence_ratio
 from mutualrl.grpo.hacpo import CAPABILITY_METRICS, CapabilityTracker, cross_clip_lower, hacpo_advantages, hacpo_loss

@@ -18,10 +18,10 @@ from typing import Mapping, Sequence
 
 import torch
 
+from mutualrl.grpo.aggregation import agg_loss, row_mean
 from mutualrl.grpo.groups import group_index, group_sum
 from mutualrl.grpo.gspo import sequence_mean
 from mutualrl.grpo.kl import kl_penalty
-from mutualrl.grpo.aggregation import agg_loss, row_mean
 from mutualrl.grpo.policy_loss import PolicyLossOutput, masked_mean
 
 CAPABILITY_METRICS = ("positive_rate", "reward_mean")

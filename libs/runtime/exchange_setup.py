@@ -4,10 +4,10 @@ local server started for the run and stopped with it)."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Iterator
 
 from mutualrl.config import ConfigError, ExperimentConfig
@@ -15,7 +15,6 @@ from mutualrl.config.schema import BrokerConfig
 from mutualrl.see import Backpressure, ExperienceExchange, InProcessBroker, RedisBroker, RedisOptions
 from mutualrl.see.broker import Broker
 from mutualrl.see.identity import SEE_KEYS_ENV, Keyring, parse_keys
-
 
 # set by `mutualrl up` for each service it starts: its own Redis identity, and a generated run key
 REDIS_USERNAME_ENV = "MUTUALRL_REDIS_USERNAME"

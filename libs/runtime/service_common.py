@@ -15,8 +15,8 @@ from pathlib import Path
 
 from mutualrl.config import ExperimentConfig, load_config
 from mutualrl.models.cache import default_cache_dir
-from mutualrl.runtime.policy_setup import build_task_from_config
 from mutualrl.runtime.exchange_setup import exchange_over, redis_options
+from mutualrl.runtime.policy_setup import build_task_from_config
 from mutualrl.see import RedisBroker
 
 

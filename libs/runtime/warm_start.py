@@ -20,9 +20,9 @@ import hashlib
 import json
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch

@@ -9,9 +9,9 @@ Both implement the same :class:`Broker` contract, checked by one test suite.
 """
 
 from mutualrl.see.broker import Broker, Entry
-from mutualrl.see.inprocess import InProcessBroker
-from mutualrl.see.codec import CodecError, EnvelopeCodec, PAYLOAD_KINDS, SCHEMA_VERSION
+from mutualrl.see.codec import PAYLOAD_KINDS, SCHEMA_VERSION, CodecError, EnvelopeCodec
 from mutualrl.see.exchange import Backpressure, BackpressureTimeout, ExperienceExchange, Received, Subscription, dead_letter_stream, stream_name
+from mutualrl.see.inprocess import InProcessBroker
 from mutualrl.see.metrics import SeeCollector
 from mutualrl.see.redis_broker import RedisBroker, RedisOptions
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import hmac
+import os
 import time
 
 from google.protobuf.message import DecodeError, Message

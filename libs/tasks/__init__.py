@@ -8,6 +8,6 @@ verifiers are pure, deterministic and cheap.
 """
 
 from mutualrl.tasks.base import Problem, Task, Verifier
-from mutualrl.tasks.registry import build_task, build_verifier, TASKS, VERIFIERS
+from mutualrl.tasks.registry import TASKS, VERIFIERS, build_task, build_verifier
 
 __all__ = ["Problem", "Task", "Verifier", "build_task", "build_verifier", "TASKS", "VERIFIERS"]

@@ -7,8 +7,8 @@ per message saying what could not be carried over exactly.
 """
 
 from mutualrl.thl.alignment import AlignmentGroup, align_spans, token_byte_spans
-from mutualrl.thl.convert import Converted, Residual, ThlBudget, canonical_text, convert, transport_logprobs, transport_values
 from mutualrl.thl.batch import convert_batch
+from mutualrl.thl.convert import Converted, Residual, ThlBudget, canonical_text, convert, transport_logprobs, transport_values
 
 __all__ = [
     "AlignmentGroup",

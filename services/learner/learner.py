@@ -24,12 +24,12 @@ from mutualrl.models.sharding import full_state_dict, full_value
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.objective import OWN, PEER, Rows, right_aligned
-from mutualrl.services.learner.strategies import make_strategy
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
 from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
+from mutualrl.services.learner.strategies import make_strategy
+from mutualrl.tasks import Problem
 from mutualrl.weights import WeightSender
 from mutualrl.weights.handshake import WeightsPublisher
-from mutualrl.tasks import Problem
 
 
 @dataclass

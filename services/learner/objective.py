@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 OWN, PEER, RESCUE = 0, 1, 2
 """Row kinds: the learner's own rollout, a peer's (THL-converted) rollout, an SGT rescue."""
 

@@ -13,12 +13,12 @@ import json
 
 import torch.distributed as dist
 
+from mutualrl.models.sharding import shard_policy
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
 from mutualrl.runtime.policy_setup import evaluate
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
-from mutualrl.models.sharding import shard_policy
 from mutualrl.see.server import free_port
 from mutualrl.services.learner.loop import Checkpoints, LearnerLoop
 from mutualrl.services.learner.metrics import LearnerMetrics

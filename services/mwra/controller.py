@@ -22,7 +22,16 @@ from mutualrl.services.mwra.backends.base import Backend, BackendEvent, RunSpec
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.metrics import MwraMetrics
 from mutualrl.services.mwra.planner import (
-    CALIBRATION_GAIN, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, ReplanSchedule, decide_replan, make_plan, planning_horizon,
+    CALIBRATION_GAIN,
+    MeasuredCosts,
+    Node,
+    Plan,
+    PlanningError,
+    PolicyDemand,
+    ReplanSchedule,
+    decide_replan,
+    make_plan,
+    planning_horizon,
 )
 
 

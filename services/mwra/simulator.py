@@ -25,8 +25,22 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mutualrl.services.mwra.planner import (
-    CALIBRATION_GAIN, MAX_HORIZON_STEPS, Allocation, MeasuredCosts, Node, Plan, PlanningError, PolicyDemand, ReplanSchedule, best_split, decide_replan,
-    lower_bound_step_seconds, make_plan, pack, planning_horizon, role_times,
+    CALIBRATION_GAIN,
+    MAX_HORIZON_STEPS,
+    Allocation,
+    MeasuredCosts,
+    Node,
+    Plan,
+    PlanningError,
+    PolicyDemand,
+    ReplanSchedule,
+    best_split,
+    decide_replan,
+    lower_bound_step_seconds,
+    make_plan,
+    pack,
+    planning_horizon,
+    role_times,
 )
 
 

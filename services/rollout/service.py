@@ -15,19 +15,18 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from mutualrl.runtime.stage_metrics import StageMetrics
-
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.policy_setup import prepare_policy, prompt_style
-from mutualrl.services.rollout.setup import make_worker
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.runtime.stage_metrics import StageMetrics
 from mutualrl.see import SeeCollector
 from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
-from mutualrl.weights.handshake import WeightsFollower
+from mutualrl.services.rollout.setup import make_worker
 from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.weights.handshake import WeightsFollower
 
 
 def run_rollout_service(args: ServiceArgs) -> int:

@@ -11,8 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from cloudcoil.models.prometheus_operator import v1 as prom
-
 from conftest import CHART
+
 from mutualrl.config import parse_config
 from mutualrl.runtime.serve_args import serve_argv
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import CHART, ROOT
+
 from mutualrl.app.compose import prometheus_config, render
 from mutualrl.app.dashboards import all_exprs, render_all
 from mutualrl.app.launcher import Supervisor

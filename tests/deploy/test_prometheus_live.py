@@ -16,8 +16,8 @@ import urllib.parse
 import urllib.request
 
 import yaml
-
 from conftest import CHART, ROOT
+
 from mutualrl.app.dashboards import DASHBOARDS, metric_names
 
 TOKEN = "live-test-token"

@@ -7,7 +7,6 @@ bits, so the comparison runs only where the machine matches."""
 import json
 
 import pytest
-
 from golden_runs import GOLDEN, RUNS, machine, run
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import copy
 
 import torch
+from test_learner_step import _own_all_fail, _setup
 
 from mutualrl.see import ExperienceExchange, InProcessBroker, dead_letter_stream
 from mutualrl.services.learner.reputation import PeerReputation
 from mutualrl.tasks import Problem
 from mutualrl.tasks.verifiers import ExactMatchVerifier
 from mutualrl.v1 import experience_pb2 as pb
-
-from test_learner_step import _own_all_fail, _setup
 
 
 def test_a_foreign_producer_on_a_policys_own_stream_is_dead_lettered(arithmetic_task):

@@ -8,12 +8,11 @@ from urllib.parse import parse_qs
 
 import pytest
 import torch
+from json_http import json_handler
 
 from mutualrl.services.rollout.engine import SamplingSpec
 from mutualrl.services.rollout.http_engines import EngineUnavailable, SGLangServerEngine, VLLMServerEngine
 from mutualrl.weights import WeightStore
-
-from json_http import json_handler
 
 EOS = 2
 VLLM_SAMPLING_KEYS = {"model", "prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "return_token_ids"}

@@ -15,11 +15,11 @@ from mutualrl.models.generation import sequence_logprobs
 from mutualrl.see import ExperienceExchange, InProcessBroker
 from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
 from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec
-from mutualrl.weights import WeightStore
 from mutualrl.tasks import Problem
 from mutualrl.tasks.verifiers import ExactMatchVerifier
 from mutualrl.thl import ThlBudget
 from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.weights import WeightStore
 
 SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=64)
 

@@ -13,10 +13,10 @@ from mutualrl.models import load_policy
 from mutualrl.models.families import ModelShape
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.services.rollout import HFEngine
-from mutualrl.weights import WeightStore
 from mutualrl.services.rollout.server import RolloutServicer, serve
 from mutualrl.v1 import rollout_service_pb2 as rpb
 from mutualrl.v1 import rollout_service_pb2_grpc as rgrpc
+from mutualrl.weights import WeightStore
 
 SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=64)
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from mutualrl.config import parse_config
-from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.see import ExperienceExchange, RedisBroker, RedisOptions
 from mutualrl.services.mwra.backends.base import InMemoryBackend
 from mutualrl.services.mwra.controller import Controller
 from mutualrl.services.mwra.heartbeats import HeartbeatFollower
 from mutualrl.services.mwra.planner import Node
+from mutualrl.v1 import experience_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
 YAML = (ROOT / "examples" / "mwra" / "two-policies-gpu.yaml").read_text()

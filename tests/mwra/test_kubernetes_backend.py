@@ -8,14 +8,13 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
+from mwra_kmock import Cluster
 
 from mutualrl.see.identity import derive_key, parse_keys
 from mutualrl.services.mwra.backends.base import RunSpec
 from mutualrl.services.mwra.backends.kubernetes import KubernetesBackend, LeaderElection, discover_gang_backend
 from mutualrl.services.mwra.controller import Controller
 from mutualrl.services.mwra.planner import Node, PolicyDemand, make_plan
-
-from mwra_kmock import Cluster
 
 NS = "ml"
 CRD_SCHEMAS = json.loads((Path(__file__).parent / "crds" / "podgroup-schemas.json").read_text())

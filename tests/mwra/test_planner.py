@@ -9,8 +9,22 @@ import time
 import pytest
 
 from mutualrl.services.mwra.planner import (
-    CALIBRATION_GAIN, MeasuredCosts, Node, PlanningError, PolicyDemand, ReplanSchedule, best_split, decide_replan, evaluate_counts,
-    lower_bound_step_seconds, make_plan, pack, planning_horizon, predict, step_seconds, water_fill,
+    CALIBRATION_GAIN,
+    MeasuredCosts,
+    Node,
+    PlanningError,
+    PolicyDemand,
+    ReplanSchedule,
+    best_split,
+    decide_replan,
+    evaluate_counts,
+    lower_bound_step_seconds,
+    make_plan,
+    pack,
+    planning_horizon,
+    predict,
+    step_seconds,
+    water_fill,
 )
 
 

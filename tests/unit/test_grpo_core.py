@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mutualrl.grpo import agg_loss, grpo_advantages, group_stats, kl_penalty, ppo_clip_loss, select_rescues, sgt_nll, RescueItem
+from mutualrl.grpo import RescueItem, agg_loss, group_stats, grpo_advantages, kl_penalty, ppo_clip_loss, select_rescues, sgt_nll
 from mutualrl.grpo.advantages import ADVANTAGE_ESTIMATORS
 
 

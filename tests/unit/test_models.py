@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mutualrl.models import build_model, load_policy, load_tokenizer, encode_prompt, encode_completion
+from mutualrl.models import build_model, encode_completion, encode_prompt, load_policy, load_tokenizer
 from mutualrl.models.families import ModelShape
 from mutualrl.models.generation import sample, sequence_logprobs
 from mutualrl.models.policy import tokenizer_fingerprint

@@ -7,8 +7,7 @@ import pytest
 
 from mutualrl.see import ExperienceExchange, InProcessBroker
 from mutualrl.see.codec import CodecError, EnvelopeCodec
-from mutualrl.see.identity import (Keyring, derive_key, format_keys, keys_for_service, owner_of, parse_keys,
-                                   services_read)
+from mutualrl.see.identity import Keyring, derive_key, format_keys, keys_for_service, owner_of, parse_keys, services_read
 from mutualrl.v1 import experience_pb2 as pb
 
 RUN_KEY = "0f" * 32
