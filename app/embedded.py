@@ -73,6 +73,53 @@ class Reporter:
     def step(self, step: int, total: int, records: list[dict]) -> None: ...
 
 
+def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange, store: WeightStore, rep: Reporter) -> list[PolicyRuntime]:
+    """Every policy prepared (loaded, warm-started), evaluated at its starting point and given its
+    engine, rollout worker, learner and learner loop."""
+    registry = TokenizerRegistry()
+    runtimes: list[PolicyRuntime] = []
+    prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase) for i in range(len(cfg.policies))]
+    for pp in prepared:
+        registry.register(pp.arts.fingerprint, pp.arts.tokenizer)
+    for pp in prepared:
+        p, arts = pp.config, pp.arts
+        rep.phase(f"[{p.name}] evaluating the starting point")
+        ws_acc = evaluate(pp, arts.model, task, verifier, cfg)
+        with _engine_errors(p.name):
+            engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source)
+        worker = make_worker(cfg, pp, engine, exchange, verifier)
+        learner = make_learner(cfg, pp, exchange, store, registry, verifier)
+        loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg), steps=cfg.budget.steps, eval_every=cfg.eval.every)
+        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps))
+    return runtimes
+
+
+def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor, followers: dict[str, WeightsFollower],
+           writer: MetricsWriter, rep: Reporter) -> dict[str, float]:
+    """The RL steps: every policy samples the step's prompts, then each learner's loop trains on
+    them and the rollout side loads the new weights. Returns each policy's last held-out accuracy."""
+    rep.phase("training")
+    recent: list[dict] = []
+    last_eval: dict[str, float] = {rt.name: rt.warm_accuracy for rt in runtimes}
+    for step in range(1, cfg.budget.steps + 1):
+        problems = distributor.batch(step)
+        gen = {}
+        for rt in runtimes:
+            t0 = time.monotonic()
+            gen[rt.name] = (rt.worker.run_step(step, problems), time.monotonic() - t0)
+        recent = []
+        for rt in runtimes:
+            roll, gen_s = gen[rt.name]
+            rec = rt.loop.step(step, problems, {"rollouts": rt.worker.total_rollouts, "shared_out": roll.successes_published, "gen_s": gen_s}).record
+            followers[rt.name].load_newest()
+            if "eval_accuracy" in rec:
+                last_eval[rt.name] = rec["eval_accuracy"]
+            writer.write(rec)
+            recent.append(rec)
+        rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
+    return last_eval
+
+
 def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None = None, cache_dir: Path | None = None) -> dict:
     """Train every policy for ``budget.steps`` and write the run's outputs; the SEE broker
     (and a local Redis server, when one is started for the run) lives as long as the run."""
@@ -103,22 +150,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     exchange = stack.enter_context(open_exchange(cfg))
     # external engines (vllm, sglang) read weights from disk; in-process ones share memory
     store = WeightStore(out_dir / "weights") if any(p.engine.backend != "hf" for p in cfg.policies) else WeightStore()
-    registry = TokenizerRegistry()
-
-    runtimes: list[PolicyRuntime] = []
-    prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase) for i in range(len(cfg.policies))]
-    for pp in prepared:
-        registry.register(pp.arts.fingerprint, pp.arts.tokenizer)
-    for pp in prepared:
-        p, arts = pp.config, pp.arts
-        rep.phase(f"[{p.name}] evaluating the starting point")
-        ws_acc = evaluate(pp, arts.model, task, verifier, cfg)
-        with _engine_errors(p.name):
-            engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source)
-        worker = make_worker(cfg, pp, engine, exchange, verifier)
-        learner = make_learner(cfg, pp, exchange, store, registry, verifier)
-        loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg), steps=cfg.budget.steps, eval_every=cfg.eval.every)
-        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps))
+    runtimes = _build_runtimes(cfg, task, verifier, cache, exchange, store, rep)
 
     # the rollout side loads each version the learner announces (write, then announce, then load)
     followers = {rt.name: WeightsFollower(rt.name, exchange, store, rt.engine.update_weights, lambda e=rt.engine: e.info().weights_version,
@@ -127,26 +159,8 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     for rt in runtimes:
         writer.write({"step": 0, "policy": rt.name, "rollouts": 0, "eval_accuracy": rt.warm_accuracy, "phase": "warm_start"})
 
-    rep.phase("training")
-    recent: list[dict] = []
-    last_eval: dict[str, float] = {rt.name: rt.warm_accuracy for rt in runtimes}
     rl_started = time.monotonic()
-    for step in range(1, cfg.budget.steps + 1):
-        problems = distributor.batch(step)
-        gen = {}
-        for rt in runtimes:
-            t0 = time.monotonic()
-            gen[rt.name] = (rt.worker.run_step(step, problems), time.monotonic() - t0)
-        recent = []
-        for rt in runtimes:
-            roll, gen_s = gen[rt.name]
-            rec = rt.loop.step(step, problems, {"rollouts": rt.worker.total_rollouts, "shared_out": roll.successes_published, "gen_s": gen_s}).record
-            followers[rt.name].load_newest()
-            if "eval_accuracy" in rec:
-                last_eval[rt.name] = rec["eval_accuracy"]
-            writer.write(rec)
-            recent.append(rec)
-        rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
+    last_eval = _train(cfg, runtimes, distributor, followers, writer, rep)
     writer.close()
     finished_rl = time.monotonic()
 
