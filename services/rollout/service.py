@@ -13,16 +13,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.policy_setup import prepare_policy, prompt_style
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
-from mutualrl.runtime.stage_metrics import StageMetrics
-from mutualrl.see import SeeCollector
 from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
+from mutualrl.services.rollout.metrics import RolloutMetrics
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.v1 import experience_pb2 as pb
@@ -60,12 +59,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
     lc = cfg.launcher
     tls = (Path(lc.grpc_tls_cert).read_bytes(), Path(lc.grpc_tls_key).read_bytes()) if lc.grpc_tls_cert and lc.grpc_tls_key else None
     server, grpc_port = serve(servicer, lc.host, args.grpc_port, tls=tls)
-    step_g = Gauge("mutualrl_step", "Last step this service finished.", ["policy", "role"], registry=registry)
-    rollouts_c = Counter("mutualrl_rollouts", "Rollouts published.", ["policy"], registry=registry)
-    shared_out_c = Counter("mutualrl_shared_out", "Verified successes published for peers.", ["policy"], registry=registry)
-    lag_g = Gauge("mutualrl_staleness_steps", "Steps between the learner's last step and the weights served.", ["policy", "role"], registry=registry)
-    registry.register(SeeCollector(ctx.exchange))
-    stage_metrics = StageMetrics(registry, p.name, "rollout")
+    metrics = RolloutMetrics(p.name, registry, ctx.exchange)
     state = {"step": 0}
 
     def health() -> dict:
@@ -80,11 +74,9 @@ def run_rollout_service(args: ServiceArgs) -> int:
     step = ctx.last_step("learner") + 1
     log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step}})
 
-    refused_c = Counter("mutualrl_weights_refused", "Announced weights versions this engine refused (checksum, shape, version order).",
-                        ["policy"], registry=registry)
     follower = WeightsFollower(p.name, ctx.exchange, store, engine.update_weights, lambda: engine.info().weights_version, collective=collective,
                                log=log, on_loaded=lambda v: servicer.metrics.version.labels(p.name, "rollout").set(v),
-                               on_refused=lambda v, e: refused_c.labels(p.name).inc())
+                               on_refused=lambda v, e: metrics.refused.labels(p.name).inc())
     follower.follow(stop)
     try:
         while step <= cfg.budget.steps and not stop.is_set():
@@ -95,15 +87,11 @@ def run_rollout_service(args: ServiceArgs) -> int:
             res = worker.run_step(step, distributor.batch(step))
             ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "successes": res.successes_published, "weights_version": engine.info().weights_version}) + "\n")
             ledger.flush()
-            rollouts_c.labels(p.name).inc(res.published)
-            shared_out_c.labels(p.name).inc(res.successes_published)
             stages = {"generate": res.generate_s}
-            stage_metrics.observe(stages, res.tokens)
+            metrics.observe(step, res.published, res.successes_published, stages, res.tokens, engine.info().weights_version)
             ctx.exchange.publish(pb.Heartbeat(role="rollout", step=step, version=engine.info().weights_version, status="ok",
                                               stage_seconds=stages, tokens=res.tokens), f"{p.name}.rollout")
             state["step"] = step
-            step_g.labels(p.name, "rollout").set(step)
-            lag_g.labels(p.name, "rollout").set(max(0, step - 1 - engine.info().weights_version))
             log.info("step", extra={"fields": {"step": step, "published": res.published, "successes": res.successes_published, "reward_mean": res.reward_mean}})
             step += 1
         # the budget is sampled: keep serving (weights updates, Generate) until told to stop
