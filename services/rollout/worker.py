@@ -81,11 +81,7 @@ class RolloutWorker:
         G = self.sampling.n
         flat = [s for group in groups for s in group]
         all_texts = self.tok.batch_decode([s.token_ids for s in flat], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        # whether each sampled path is the canonical encoding of its text: computed once here, in
-        # one batch for the step, rather than by every receiver's THL (docs/algorithms.md §3.2)
-        eos = self.tok.eos_token_id
-        fresh = self.tok(all_texts, add_special_tokens=False)["input_ids"]
-        all_canonical = [f == (list(s.token_ids[:-1]) if s.token_ids and s.token_ids[-1] == eos else list(s.token_ids)) for f, s in zip(fresh, flat)]
+        all_canonical = self._canonical(flat, all_texts)
         offset = 0
         for problem, p_ids, group in zip(problems, prompt_ids, groups):
             texts = all_texts[offset : offset + len(group)]
@@ -138,17 +134,21 @@ class RolloutWorker:
                         version,
                     )
                     result.successes_published += 1
-            self.ex.publish(
-                pb.AdvantageStats(
-                    prompt_id=problem.prompt_id,
-                    step=step,
-                    count=len(rewards),
-                    mean=statistics.fmean(rewards),
-                    std=statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
-                    success_rate=sum(1 for r in rewards if r > 0) / len(rewards),
-                ),
-                self.policy,
-                version,
-            )
+            self.ex.publish(_advantage_stats(problem.prompt_id, step, rewards), self.policy, version)
         self.total_rollouts += result.count
         return result
+
+    def _canonical(self, samples: list, texts: list[str]) -> list[bool]:
+        """Whether each sampled path is the canonical encoding of its text: computed once here, in
+        one batch for the step, rather than by every receiver's THL (docs/algorithms.md §3.2)."""
+        eos = self.tok.eos_token_id
+        fresh = self.tok(texts, add_special_tokens=False)["input_ids"]
+        return [f == (list(s.token_ids[:-1]) if s.token_ids and s.token_ids[-1] == eos else list(s.token_ids)) for f, s in zip(fresh, samples)]
+
+
+def _advantage_stats(prompt_id: str, step: int, rewards: list[float]) -> pb.AdvantageStats:
+    """One prompt group's reward statistics, as XGRPO's receivers pool them."""
+    return pb.AdvantageStats(
+        prompt_id=prompt_id, step=step, count=len(rewards), mean=statistics.fmean(rewards),
+        std=statistics.stdev(rewards) if len(rewards) > 1 else 0.0, success_rate=sum(1 for r in rewards if r > 0) / len(rewards),
+    )
