@@ -43,6 +43,12 @@ def rollout_stream(policy: str) -> str:
     return f"{policy}.rollout"
 
 
+def newest_announced(exchange: ExperienceExchange, policy: str) -> int:
+    """The newest weights version ``policy``'s learner announced (0 before the first)."""
+    wp = exchange.last("weights_published", policy)
+    return int(wp.payload.version) if wp is not None else 0
+
+
 class WeightsPublisher:
     """The learner's half: versions, announcements and answers to a rollout side that asks again."""
 
@@ -67,13 +73,9 @@ class WeightsPublisher:
         self.sender.publish(self.policy, version, state, announce, model_config=self.model_config)
         return version
 
-    def newest_announced(self) -> int:
-        wp = self.ex.last("weights_published", self.policy)
-        return int(wp.payload.version) if wp is not None else 0
-
     def continue_after(self) -> int:
         """After a restart: continue after the newest version announced (never one twice)."""
-        self.version = max(self.version, self.newest_announced())
+        self.version = max(self.version, newest_announced(self.ex, self.policy))
         return self.version
 
     def asked_again(self) -> bool:
@@ -115,8 +117,7 @@ class WeightsFollower:
         self._error: BaseException | None = None
 
     def newest_announced(self) -> int:
-        wp = self.ex.last("weights_published", self.policy)
-        return int(wp.payload.version) if wp is not None else 0
+        return newest_announced(self.ex, self.policy)
 
     def load_newest(self) -> None:
         """Load the newest announced version, unless it was handled or is served already."""
@@ -162,8 +163,7 @@ class WeightsFollower:
     def caught_up(self) -> bool:
         """Whether the newest announced version is loaded (or was refused). Raises when the
         following thread failed (a broken weight group: the service exits and is restarted)."""
-        if self._error is not None:
-            raise RuntimeError(f"weights follower failed: {self._error}") from self._error
+        self.check()
         return max(self.handled, self.served()) >= self.newest_announced()
 
     def follow(self, stop: threading.Event) -> threading.Thread:

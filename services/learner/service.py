@@ -121,9 +121,9 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
             ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers), cfg.launcher.peer_deadline_s, stop)
             out = loop.step(step, problems, while_waiting=resend_if_asked if collective else None)
             rec = out.record
-            for r in out.durable:
-                metrics_file.write(json.dumps(r) + "\n")
-            metrics_file.flush()
+            if out.durable:
+                metrics_file.writelines(json.dumps(r) + "\n" for r in out.durable)
+                metrics_file.flush()
             stages = {k: v for k, v in (rec.get("stage_seconds") or {}).items() if k != "wait"}
             if out.checkpoint_s is not None:
                 stages["checkpoint"] = out.checkpoint_s

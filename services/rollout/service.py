@@ -25,7 +25,7 @@ from mutualrl.services.rollout.metrics import RolloutMetrics
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.v1 import experience_pb2 as pb
-from mutualrl.weights.handshake import WeightsFollower
+from mutualrl.weights.handshake import WeightsFollower, newest_announced
 
 
 def run_rollout_service(args: ServiceArgs) -> int:
@@ -42,11 +42,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
         wp = ctx.exchange.last("weights_published", p.name)
         return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
 
-    def newest_announced() -> int:
-        newest = announced()
-        return newest[0] if newest else 0
-
-    store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group, newest=newest_announced)
+    store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group, newest=lambda: newest_announced(ctx.exchange, p.name))
     engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source, collective=collective)
     join_engine_group(cfg, ctx.index, engine, args.weights_group)
     registry = CollectorRegistry()
