@@ -2,7 +2,7 @@
 
 64 groups × 8 completions × 256 tokens: the step's advantages (once) and the
 mode's loss over the rows, then ``backward``, through the learner's own
-composition (the mode's strategy, ``mutualrl.services.learner.strategies``) — i.e. exactly what a training step adds on top
+composition (the mode's class, ``mutualrl.services.learner.modes``) — i.e. exactly what a training step adds on top
 of the model's forward/backward. Log-probs are a leaf tensor so the model's
 cost does not drown the differences. Modes with peer rows keep 512 rows in
 total (per prompt: 4 own + 4 peer), so every mode processes the same tensor
@@ -22,9 +22,9 @@ import torch
 
 from mutualrl.config.schema import AlgorithmConfig, SharingConfig
 from mutualrl.grpo import sgt_nll
-from mutualrl.services.learner.objective import OWN, PEER, RESCUE, Rows, right_aligned
+from mutualrl.services.learner.modes import make_mode
+from mutualrl.services.learner.objective import OWN, PEER, RESCUE, ROW_FIELDS, LossInputs, Rows, right_aligned
 from mutualrl.services.learner.peer_experience import PeerStats
-from mutualrl.services.learner.strategies import make_strategy
 
 GROUPS, G, T = 64, 8, 256
 CASES: dict[str, tuple[dict, dict]] = {
@@ -53,21 +53,21 @@ def build_rows(peer_rows: bool, gen: torch.Generator) -> tuple[Rows, Rows]:
             lp = (torch.rand(n, generator=gen) * -2).tolist()
             r = float(torch.rand(1, generator=gen) < 0.3)
             (peer if is_peer else own).add(
-                prompt_ids=[1, 2, 3], completion_ids=[5] * n, old_logp=lp, mask=[1.0] * n, reward=r, prompt_id=f"p{g}",
-                source="peer" if is_peer else "me", kind=PEER if is_peer else OWN, source_mean_logp=sum(lp) / n,
+                prompt_token_ids=[1, 2, 3], token_ids=[5] * n, logprobs=lp, mask=[1.0] * n, reward=r, prompt_id=f"p{g}",
+                source_policy="peer" if is_peer else "me", kind=PEER if is_peer else OWN, source_mean_logprob=sum(lp) / n,
             )
             rewards.append(r)
         if not any(rewards[: G // 2 if peer_rows else G]):
             n = T // 2
-            rescue.add(prompt_ids=[1, 2, 3], completion_ids=[5] * n, old_logp=[0.0] * n, mask=[1.0] * n, reward=1.0,
-                       prompt_id=f"p{g}", source="peer", kind=RESCUE, source_mean_logp=0.0)
+            rescue.add(prompt_token_ids=[1, 2, 3], token_ids=[5] * n, logprobs=[0.0] * n, mask=[1.0] * n, reward=1.0,
+                       prompt_id=f"p{g}", source_policy="peer", kind=RESCUE, source_mean_logprob=0.0)
     for src in (peer,):
         for k in range(len(src)):
             own.add(**{f: getattr(src, f)[k] for f in FIELDS})
     return own, rescue
 
 
-FIELDS = ("prompt_ids", "completion_ids", "old_logp", "mask", "reward", "prompt_id", "source", "kind", "source_mean_logp")
+FIELDS = ROW_FIELDS
 
 
 def time_case(alg: dict, sharing: dict, repeats: int) -> float:
@@ -79,22 +79,22 @@ def time_case(alg: dict, sharing: dict, repeats: int) -> float:
         for k in range(len(rescue)):
             rows.add(**{f: getattr(rescue, f)[k] for f in FIELDS})
     stats = {f"p{g}": [PeerStats("peer", 8, 0.5, 0.53, 0.5)] for g in range(GROUPS)} if sh.mode == "xgrpo" else {}
-    obj = make_strategy("me", a, sh, T)
+    obj = make_mode("me", a, sh, T)
     if obj.tracker is not None:
         obj.tracker.update({"me": [1, 0, 0, 0], "peer": [1, 1, 0, 0]})
-    old, mask = right_aligned(rows.old_logp, T), right_aligned(rows.mask, T)
-    kind, src = torch.tensor(rows.kind), torch.tensor(rows.source_mean_logp)
+    old, mask = right_aligned(rows.logprobs, T), right_aligned(rows.mask, T)
+    kind, src = torch.tensor(rows.kind), torch.tensor(rows.source_mean_logprob)
     base = old + torch.randn(old.shape, generator=gen) * 0.01 * mask
     ref = old.clone() if a.kl_coef > 0 else None
-    r_base, r_mask = right_aligned(rescue.old_logp, T) - 1.0, right_aligned(rescue.mask, T)
+    r_base, r_mask = right_aligned(rescue.logprobs, T) - 1.0, right_aligned(rescue.mask, T)
     times = []
     for _ in range(repeats + 2):
         logp = base.clone().requires_grad_(True)
         r_logp = r_base.clone().requires_grad_(True)
         t0 = time.perf_counter()
         step_adv = obj.advantages(rows, stats)
-        out = obj.loss(logp=logp, old_logp=old, mask=mask, adv=step_adv.advantages, kind=kind, source_mean_logp=src,
-                       omega=step_adv.omega, minibatch_index=0, ref_logp=ref)
+        out = obj.loss(LossInputs(logp=logp, logprobs=old, mask=mask, advantages=step_adv.advantages, kind=kind, source_mean_logprob=src,
+                                  omega=step_adv.omega, minibatch_index=0, ref_logp=ref))
         loss = out.loss + (0.1 * sgt_nll(r_logp, r_mask) if nll and len(rescue) else 0.0)
         loss.backward()
         times.append(time.perf_counter() - t0)

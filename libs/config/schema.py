@@ -11,9 +11,6 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SHARING_MODES = ("none", "naive", "prp", "xgrpo", "sgt", "hacpo")
-"""Sharing modes the run loop implements (docs/algorithms.md §3.3)."""
-
 
 class _Strict(BaseModel):
     # Unknown keys are errors: a typo such as `learning_rate` must not be ignored silently.
@@ -307,6 +304,24 @@ class HacpoConfig(_Strict):
         "step moves the weights about as far as one GRPO update. At the unscaled lr the 4 updates per step collapsed the weaker "
         "policy of the evidence suite (21% -> 13% held-out in 60 steps); scaled it held and gained (21% -> 24%).")
 
+    def check_experiment(self, cfg: "ExperimentConfig") -> None:
+        """What HACPO needs of the rest of the experiment (checked when the mode is selected)."""
+        if self.schedule == "rows":
+            own = cfg.budget.prompts_per_step * cfg.budget.group_size
+            mb = cfg.algorithm.minibatch_rows
+            if mb is None or own % mb or mb % cfg.budget.group_size:
+                raise ValueError(f"sharing.hacpo.schedule rows: algorithm.minibatch_rows ({mb}) must divide the {own} own rows per step and be a "
+                                 f"multiple of group_size ({cfg.budget.group_size}), or mini-batches would mix own and peer rows "
+                                 "(use sharing.hacpo.schedule: paper)")
+        # HACPO's cross-agent ratio uses the peer's log-probs as π_old of the source model; a
+        # sampler at another temperature or with top-k/top-p reports log-probs of a different
+        # distribution, so HACPO would weigh peer rows by the wrong ratio
+        for p in cfg.policies:
+            e = p.engine
+            if e.temperature != 1.0 or e.top_k or e.top_p < 1.0:
+                raise ValueError(f"sharing.mode hacpo: policy {p.name!r} samples with temperature {e.temperature}, top_k {e.top_k}, top_p {e.top_p}; "
+                                 "its log-probs are not the model's (HACPO needs temperature 1 without top-k/top-p)")
+
 
 class SharingConfig(_Strict):
     """Which experience the policies exchange (docs/algorithms.md §3.3) and each mode's settings."""
@@ -506,22 +521,9 @@ class ExperimentConfig(_Strict):
     def _sharing_needs_peers(self) -> "ExperimentConfig":
         if self.sharing.mode != "none" and len(self.policies) < 2:
             raise ValueError(f"sharing.mode {self.sharing.mode!r} needs at least two policies")
-        if self.sharing.mode == "hacpo" and self.sharing.hacpo.schedule == "rows":
-            own = self.budget.prompts_per_step * self.budget.group_size
-            mb = self.algorithm.minibatch_rows
-            if mb is None or own % mb or mb % self.budget.group_size:
-                raise ValueError(f"sharing.hacpo.schedule rows: algorithm.minibatch_rows ({mb}) must divide the {own} own rows per step and be a "
-                                 f"multiple of group_size ({self.budget.group_size}), or mini-batches would mix own and peer rows "
-                                 "(use sharing.hacpo.schedule: paper)")
-        if self.sharing.mode == "hacpo":
-            # HACPO's cross-agent ratio uses the peer's log-probs as π_old of the source model; a
-            # sampler at another temperature or with top-k/top-p reports log-probs of a different
-            # distribution, so HACPO would weigh peer rows by the wrong ratio
-            for p in self.policies:
-                e = p.engine
-                if e.temperature != 1.0 or e.top_k or e.top_p < 1.0:
-                    raise ValueError(f"sharing.mode hacpo: policy {p.name!r} samples with temperature {e.temperature}, top_k {e.top_k}, top_p {e.top_p}; "
-                                     "its log-probs are not the model's (HACPO needs temperature 1 without top-k/top-p)")
+        section = getattr(self.sharing, self.sharing.mode, None)  # the mode's own settings check what they need of the rest
+        if section is not None and hasattr(section, "check_experiment"):
+            section.check_experiment(self)
         return self
 
     def check_paths(self, base: Path | None = None) -> None:

@@ -10,7 +10,6 @@ from mutualrl.grpo.aggregation import LOSS_AGG_MODES, agg_loss
 from mutualrl.grpo.gspo import gspo_loss, gspo_token_loss, sequence_mean, sequence_ratio
 from mutualrl.grpo.hacpo import CAPABILITY_METRICS, CapabilityTracker, cross_clip_lower, hacpo_advantages, hacpo_loss
 from mutualrl.grpo.kl import KL_ESTIMATORS, kl_penalty
-from mutualrl.grpo.modes import SHARING_MODES, SharingMode, get_sharing_mode
 from mutualrl.grpo.policy_loss import POLICY_LOSSES, PolicyLossOutput, get_policy_loss, ppo_clip_loss
 from mutualrl.grpo.prp import PRP_RATIO_LEVELS, prp_peer_loss
 from mutualrl.grpo.sgt import RescueItem, group_insert_advantages, select_rescues, sgt_nll
@@ -34,9 +33,6 @@ __all__ = [
     "hacpo_loss",
     "KL_ESTIMATORS",
     "kl_penalty",
-    "SHARING_MODES",
-    "SharingMode",
-    "get_sharing_mode",
     "POLICY_LOSSES",
     "PolicyLossOutput",
     "get_policy_loss",

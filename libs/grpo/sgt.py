@@ -20,8 +20,8 @@ class RescueItem:
     """One candidate: a peer's verified success, already in the receiver's token ids."""
 
     prompt_id: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
+    prompt_token_ids: list[int]
+    token_ids: list[int]
     source_policy: str
     message_id: str
 
@@ -48,10 +48,10 @@ def select_rescues(
     chosen: list[RescueItem] = []
     seen: set[tuple[int, ...]] = set()
     for pid in sorted(by_prompt):
-        items = sorted(by_prompt[pid], key=lambda c: (len(c.completion_ids), c.message_id))
+        items = sorted(by_prompt[pid], key=lambda c: (len(c.token_ids), c.message_id))
         kept = 0
         for c in items:
-            key = (hash(pid), *c.completion_ids)
+            key = (hash(pid), *c.token_ids)
             if key in seen:
                 continue  # the same completion from two peers counts once
             seen.add(key)

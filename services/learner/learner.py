@@ -17,16 +17,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import OptimConfig
-from mutualrl.grpo import get_sharing_mode
 from mutualrl.models.generation import sequence_logprobs
 from mutualrl.models.host import read_scalars
 from mutualrl.models.sharding import full_state_dict, full_value
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.see import ExperienceExchange, Received
-from mutualrl.services.learner.objective import OWN, PEER, Rows, right_aligned
+from mutualrl.services.learner.modes import make_mode, record_keys
+from mutualrl.services.learner.objective import OWN, PEER, LossInputs, Rows, right_aligned
+from mutualrl.services.learner.own_experience import OwnIntake
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
 from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
-from mutualrl.services.learner.strategies import make_strategy
 from mutualrl.tasks import Problem
 from mutualrl.weights import WeightSender
 from mutualrl.weights.handshake import WeightsPublisher
@@ -84,8 +84,6 @@ class Learner:
         self.policy = policy
         self.model = model.to(settings.device)
         self.sharded = any(hasattr(p, "full_tensor") for p in self.model.parameters())  # FSDP2 (mutualrl.models.sharding)
-        self._limit = self._context_limit()  # what own rollouts must fit (checked before any tensor is built)
-        self._vocab = self.model.get_input_embeddings().num_embeddings
         self.tok = tokenizer
         self.ex = exchange
         self.intake = intake
@@ -98,12 +96,12 @@ class Learner:
         # (``found_inf``), so the host never waits for a gradient norm mid-step
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.optim.lr, weight_decay=settings.optim.weight_decay, fused=True)
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
-        self.mode = get_sharing_mode(settings.sharing.mode)  # data: what to read from peers
+        self.own_intake = OwnIntake(policy, self.own, tokenizer, intake.verifier, _context_limit(self.model.config),
+                                    self.model.get_input_embeddings().num_embeddings)
+        self.mode = make_mode(policy, settings.algorithm, settings.sharing, settings.max_new_tokens)  # what to read from peers, how to use it
         kinds = list(self.mode.peer_kinds)
         self.peer_sub = exchange.subscribe(policy, kinds, peers, consumer=f"{policy}-learner") if kinds and peers else None
-        self.strategy = make_strategy(policy, settings.algorithm, settings.sharing, settings.max_new_tokens)  # code: how to use it
-        self.tracker = self.strategy.tracker
-        self._buffer: list[Received] = []  # own rollouts for future steps
+        self.tracker = self.mode.tracker
         self._peer_buffer: list[Received] = []
         self._to_ack: list[tuple[object, list[Received]]] = []  # (subscription, messages) awaiting commit()
         self.last_used: dict[str, list[str]] = {}  # message ids the last step trained on, by kind (the service's ledger)
@@ -113,89 +111,12 @@ class Learner:
         self.reputation_events: list[ReputationEvent] = []  # of the last step (the service logs them)
 
     # ---- gathering -------------------------------------------------------
-    def _collect_own(self, step: int, expected: int, deadline: float, problems: dict[str, Problem], while_waiting=None) -> list[Received]:
-        """This step's own rollouts, until ``expected`` *usable* ones arrived or the deadline:
-        each is checked as it comes (:meth:`_own_problem`) and one per (prompt, sample index)
-        counts — a restarted rollout server may publish a step's sample again under new ids —
-        so a refused or repeated message never takes the place of a real one. Refused rows and
-        copies are acknowledged (consumed, not used) and counted; later steps' rows wait."""
-        have: list[Received] = []
-        seen: set[tuple[str, int]] = set()
-
-        def admit(rows: list[Received]) -> None:
-            refused, copies = [], []
-            for r in rows:
-                reason = self._own_problem(r.payload, problems)
-                key = (r.payload.prompt_id, r.payload.sample_index)
-                if reason is not None:
-                    refused.append(r)
-                    self.totals[f"own_rejected:{reason}"] += 1
-                elif key in seen:
-                    copies.append(r)
-                else:
-                    seen.add(key)
-                    have.append(r)
-            if refused or copies:
-                self.own.ack(refused + copies)
-            if copies:
-                self.totals["own_duplicate"] += len(copies)
-
-        admit([r for r in self._buffer if r.payload.step == step])
-        self._buffer = [r for r in self._buffer if r.payload.step > step]
-        stale: list[Received] = []
-        while len(have) < expected:
-            if while_waiting is not None:
-                while_waiting()
-            remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-            got = self._not_consumed(self.own.poll(block_ms=min(remaining_ms, 200) if remaining_ms else None), self.own)
-            admit([r for r in got if r.payload.step == step])
-            for r in got:
-                if r.payload.step != step:
-                    (self._buffer if r.payload.step > step else stale).append(r)
-            if not got and remaining_ms == 0:
-                break
-        if stale:
-            self.own.ack(stale)  # rollouts of a step already trained: consumed, not used
-            self.totals["own_stale"] += len(stale)
-        return have
-
-    def _context_limit(self) -> int:
-        c = self.model.config
-        return int(getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None) or 1 << 30)
-
-    def _own_problem(self, p, problems: dict[str, Problem]) -> str | None:
-        """Why an own rollout cannot be used (None when it can): own rollouts are checked like any
-        input before a tensor is built from them — they must answer one of this step's prompts,
-        fit the model's context and vocabulary, and carry one log-prob per token."""
-        if p.prompt_id not in problems:
-            return "unknown_prompt"
-        if not p.token_ids or len(p.logprobs) != len(p.token_ids):
-            return "malformed"
-        if len(p.prompt_token_ids) + len(p.token_ids) > self._limit:
-            return "too_long"
-        vocab = self._vocab
-        if any(t < 0 or t >= vocab for t in p.token_ids) or any(t < 0 or t >= vocab for t in p.prompt_token_ids):
-            return "bad_token"
-        return None
-
-    def _rescore_own(self, ok: list[Received], problems: dict[str, Problem]) -> list[Received]:
-        """Own rewards are re-scored with the learner's verifier: a row whose claimed reward
-        differs is re-scored and counted, never trained on with the claim."""
-        if ok:
-            texts = self.tok.batch_decode([list(r.payload.token_ids) for r in ok], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            scores = self.intake.verifier.score_many([problems[r.payload.prompt_id] for r in ok], texts)
-            for r, score in zip(ok, scores):
-                if float(score) != r.payload.reward:
-                    self.totals["own_rescored"] += 1
-                    r.payload.reward = float(score)
-        return ok
-
     def adopt_pending(self, min_idle_ms: int = 0) -> int:
         """After a restart: take back the entries this learner received but never acknowledged.
         Those the restored checkpoint already covers (a crash between checkpoint and
         acknowledgement) are acknowledged now and never trained again; the rest are retrained."""
         n = 0
-        for sub, buffer in ((self.own, self._buffer), (self.peer_sub, self._peer_buffer)):
+        for sub, buffer in ((self.own, self.own_intake.buffer), (self.peer_sub, self._peer_buffer)):
             if sub is None:
                 continue
             got = sub.reclaim(min_idle_ms)
@@ -252,18 +173,6 @@ class Learner:
         return now
 
     # ---- one step --------------------------------------------------------
-    def _own_rows(self, own: list[Received]) -> Rows:
-        rows = Rows()
-        for r in own:
-            p = r.payload
-            lps = list(p.logprobs)
-            rows.add(
-                prompt_ids=p.prompt_token_ids, completion_ids=p.token_ids, old_logp=lps, mask=[1.0] * len(lps),
-                reward=p.reward, prompt_id=p.prompt_id, source=self.policy, kind=OWN,
-                source_mean_logp=sum(lps) / len(lps) if lps else 0.0,
-            )
-        return rows
-
     def _apply_reputation(self, step: int, intake: IntakeResult) -> None:
         """Score this step's checked claims per peer, then drop everything of a quarantined peer
         (its messages were still checked — that is how it earns its way out — and are
@@ -291,17 +200,14 @@ class Learner:
             intake.rejected["quarantined"] += dropped
 
     def _add_peer_rows(self, rows: Rows, intake: IntakeResult, metrics: dict) -> None:
-        """Peer rows after own rows, as the strategy orders and filters them (HACPO drops
+        """Peer rows after own rows, as the mode orders and filters them (HACPO drops
         incomplete groups, counted)."""
-        peer_rows, dropped = self.strategy.peer_rows(intake.rows)
+        peer_rows, dropped = self.mode.peer_rows(intake.rows)
         if dropped:
             metrics["incomplete_peer_rows"] = dropped
             self.totals["incomplete_peer_rows"] += dropped
         for r in peer_rows:
-            rows.add(
-                prompt_ids=r.prompt_ids, completion_ids=r.completion_ids, old_logp=r.logprobs, mask=r.mask,
-                reward=r.reward, prompt_id=r.prompt_id, source=r.source_policy, kind=PEER, source_mean_logp=r.source_mean_logprob,
-            )
+            rows.add_row(r, kind=PEER)
 
     @property
     def version(self) -> int:
@@ -331,15 +237,16 @@ class Learner:
         t0 = time.monotonic()
         expected = len(problems) * self.s.group_size
         by_id = {p.prompt_id: p for p in problems}
-        own = self._collect_own(step, expected, t0 + self.s.peer_deadline_s, by_id, while_waiting)
+        own = self.own_intake.collect(step, expected, t0 + self.s.peer_deadline_s, by_id, self.totals,
+                                      lambda got: self._not_consumed(got, self.own), while_waiting)
         stages = {"wait": time.monotonic() - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
-        own = self._rescore_own(own, by_id)
+        own = self.own_intake.rescore(own, by_id, self.totals)
         if not own:
             return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
         own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))
         metrics: dict = {}
 
-        rows = self._own_rows(own)
+        rows = self.own_intake.rows(own)
         own_successes: dict[str, int] = {}
         for r in own:
             own_successes[r.payload.prompt_id] = own_successes.get(r.payload.prompt_id, 0) + (1 if r.payload.reward > 0 else 0)
@@ -354,21 +261,14 @@ class Learner:
         self.intake.rollouts(by_kind.get("rollout", []), step, by_id, intake)
         self.intake.advantage_stats(by_kind.get("advantage_stats", []), step, by_id, intake)
         self._apply_reputation(step, intake)
-        if self.mode.peer_rows:
-            self._add_peer_rows(rows, intake, metrics)
+        self._add_peer_rows(rows, intake, metrics)  # none unless the mode reads peer rollouts
+        self.mode.observe([float(r.payload.reward) for r in own], intake)  # once per step, before the update (§2.2)
 
-        if self.tracker is not None:  # once per step, every agent's rewards, before the update (§2.2)
-            values = {self.policy: [float(r.payload.reward) for r in own], **intake.peer_rewards}
-            for pid_stats in intake.stats.values():
-                for st in pid_stats:
-                    values.setdefault(st.producer, []).extend([1.0] * round(st.success_rate * st.count) + [0.0] * (st.count - round(st.success_rate * st.count)))
-            self.tracker.update(values)
-
-        rescues = self.strategy.rescues(rows, intake, own_successes, self.s.group_size)
-        gate_open = self.strategy.gate_open(own_successes, self.s.group_size)
+        rescues = self.mode.rescues(rows, intake, own_successes, self.s.group_size)
+        gate_open = self.mode.gate_open(own_successes, self.s.group_size)
 
         # ---- advantages once per step, then one update per mini-batch ----
-        step_adv = self.strategy.advantages(rows, intake.stats)
+        step_adv = self.mode.advantages(rows, intake.stats)
         metrics.update(step_adv.metrics)
         inputs = StepInputs(step, rows, step_adv.advantages, step_adv.omega, rescues)
         if before_update is not None:
@@ -391,7 +291,7 @@ class Learner:
         step, rows, rescues = inputs.step, inputs.rows, inputs.rescues
         a = self.s.algorithm
         kind_all = torch.tensor(rows.kind)
-        src_mean_all = torch.tensor(rows.source_mean_logp)
+        src_mean_all = torch.tensor(rows.source_mean_logprob)
         pad = self.tok.pad_token_id
         self.model.train()
         o = self.s.optim
@@ -404,9 +304,9 @@ class Learner:
         losses: list[torch.Tensor] = []
         grad_norms: list[torch.Tensor] = []
         skipped: list[torch.Tensor] = []
-        chunks = self.strategy.minibatches(rows, a.minibatch_rows)
+        chunks = self.mode.minibatches(rows, a.minibatch_rows)
         for m, sl in enumerate(chunks):
-            prompts, completions = rows.prompt_ids[sl], rows.completion_ids[sl]
+            prompts, completions = rows.prompt_token_ids[sl], rows.token_ids[sl]
             logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad)  # [b, T]
             T = logp.shape[1]
             dev = logp.device
@@ -416,20 +316,20 @@ class Learner:
                 with torch.no_grad():
                     ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=pad)
                 stages["logprob"] += time.monotonic() - t_ref
-            out = self.strategy.loss(
+            out = self.mode.loss(LossInputs(
                 logp=logp,
-                old_logp=right_aligned(rows.old_logp[sl], T).to(dev),
+                logprobs=right_aligned(rows.logprobs[sl], T).to(dev),
                 mask=right_aligned(rows.mask[sl], T).to(dev),
-                adv=inputs.advantages[sl].to(dev),
+                advantages=inputs.advantages[sl].to(dev),
                 kind=kind_all[sl],  # host: choosing rows never waits for the device
-                source_mean_logp=src_mean_all[sl].to(dev),
+                source_mean_logprob=src_mean_all[sl].to(dev),
                 omega=inputs.omega[sl].to(dev),
                 minibatch_index=m,
                 ref_logp=ref_logp,
-            )
+            ))
             loss = out.loss
             mb_metrics = dict(out.metrics)
-            extra, extra_metrics = self.strategy.rescue_loss(self.model, rescues, m, pad)
+            extra, extra_metrics = self.mode.rescue_loss(self.model, rescues, m, pad)
             if extra is not None:
                 loss = loss + extra
                 mb_metrics.update(extra_metrics)
@@ -466,7 +366,7 @@ class Learner:
         for k, v in intake.rejected.items():
             self.totals[f"rejected_{k}"] += v
         peer_used = rows.count(PEER)
-        shared_in = self.strategy.shared_in(peer_used, rescues, intake.stats)
+        shared_in = self.mode.shared_in(peer_used, rescues, intake.stats)
         self.totals["rescues"] += len(rescues)
         self.totals["shared_in"] += shared_in
         for mb in per_mb:  # mean over mini-batches of each diagnostic
@@ -486,7 +386,7 @@ class Learner:
             "reward_mean": sum(rows.reward[i] for i in range(len(rows)) if rows.kind[i] == OWN) / len(own),
             "loss": sum(losses) / len(losses),
             "kl": kl_value if kl_value is not None else 0.0,
-            "clip_frac": metrics.pop("clip_frac", None) if "clip_frac" in metrics else metrics.get("self_clip_frac"),
+            "clip_frac": self.mode.clip_fraction(metrics),
             "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
             "updates": update.updates,
             "empty_updates": update.empty_updates,
@@ -502,13 +402,18 @@ class Learner:
             "gate_open": gate_open,
             **intake.residual_summary(),
             "weights_version": self.version,
-            "sgt_nll": metrics.pop("sgt_nll", None),
             "ratio_mean": metrics.pop("ratio_mean", None),
             "train_s": time.monotonic() - t0,
             "stage_seconds": stages,
             "weights_bytes": self.weights_bytes,
-            "tokens": int(sum(len(c) for c in rows.completion_ids)),
+            "tokens": int(sum(len(c) for c in rows.token_ids)),
+            **{k: metrics.pop(k, None) for k in record_keys()},  # every mode's fields, None where this mode has none
         }
         for k, v in metrics.items():
             record.setdefault(k, v)
         return record
+
+
+def _context_limit(config) -> int:
+    """The longest prompt + completion the model takes (its position embeddings)."""
+    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1 << 30)

@@ -1,6 +1,11 @@
-"""The data a step's objective is built from: its training rows (own rollouts, peer rows,
-rescues) and their advantages. Which formula applies to which row is each sharing mode's
-strategy (:mod:`mutualrl.services.learner.strategies`); the formulas live in ``libs/grpo``.
+"""The data a step's objective is built from, under one set of names from the wire to the loss.
+
+A ``Rollout`` on the wire, a peer's row after THL (:class:`~mutualrl.services.learner.peer_experience.PeerRow`),
+an SGT rescue and a row of the learner's batch (:class:`Rows`) all call their fields the same:
+``prompt_token_ids``, ``token_ids``, ``logprobs`` (the sampler's, i.e. π_old), ``reward``,
+``prompt_id``, ``source_policy``. One mini-batch's tensors reach a sharing mode's loss as
+:class:`LossInputs`. Which formula applies to which row is each mode's class
+(:mod:`mutualrl.services.learner.modes`); the formulas live in ``libs/grpo``.
 """
 
 from __future__ import annotations
@@ -12,33 +17,41 @@ import torch
 OWN, PEER, RESCUE = 0, 1, 2
 """Row kinds: the learner's own rollout, a peer's (THL-converted) rollout, an SGT rescue."""
 
+ROW_FIELDS = ("prompt_token_ids", "token_ids", "logprobs", "mask", "reward", "prompt_id", "source_policy", "kind", "source_mean_logprob")
+"""The fields of a training row, in :meth:`Rows.add`'s order."""
+
 
 @dataclass
 class Rows:
-    """A step's training rows in the order they are trained (own first, self-first for HACPO)."""
+    """A step's training rows, column by column, in the order they are trained (own first,
+    self-first for HACPO). Row i is the i-th entry of every list."""
 
-    prompt_ids: list[list[int]] = field(default_factory=list)
-    completion_ids: list[list[int]] = field(default_factory=list)
-    old_logp: list[list[float]] = field(default_factory=list)  # behaviour log-probs on the learner's tokens
+    prompt_token_ids: list[list[int]] = field(default_factory=list)  # in the learner's vocabulary
+    token_ids: list[list[int]] = field(default_factory=list)  # the completion, in the learner's vocabulary
+    logprobs: list[list[float]] = field(default_factory=list)  # the sampler's log-probs on those tokens (THL-transported on peer rows)
     mask: list[list[float]] = field(default_factory=list)  # tokens that enter the loss
-    reward: list[float] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)  # the learner's own verifier's score
     prompt_id: list[str] = field(default_factory=list)
-    source: list[str] = field(default_factory=list)  # producing policy
-    kind: list[int] = field(default_factory=list)
-    source_mean_logp: list[float] = field(default_factory=list)  # ℓ̄ of the behaviour policy in its own tokens
+    source_policy: list[str] = field(default_factory=list)  # producing policy
+    kind: list[int] = field(default_factory=list)  # OWN, PEER or RESCUE
+    source_mean_logprob: list[float] = field(default_factory=list)  # ℓ̄ of the sampler in its own tokens
 
-    def add(self, *, prompt_ids, completion_ids, old_logp, mask, reward, prompt_id, source, kind, source_mean_logp) -> None:
-        if not (len(completion_ids) == len(old_logp) == len(mask)):
-            raise ValueError(f"row of {len(completion_ids)} tokens has {len(old_logp)} log-probs and {len(mask)} mask entries")
-        self.prompt_ids.append(list(prompt_ids))
-        self.completion_ids.append(list(completion_ids))
-        self.old_logp.append(list(old_logp))
+    def add(self, *, prompt_token_ids, token_ids, logprobs, mask, reward, prompt_id, source_policy, kind, source_mean_logprob) -> None:
+        if not (len(token_ids) == len(logprobs) == len(mask)):
+            raise ValueError(f"row of {len(token_ids)} tokens has {len(logprobs)} log-probs and {len(mask)} mask entries")
+        self.prompt_token_ids.append(list(prompt_token_ids))
+        self.token_ids.append(list(token_ids))
+        self.logprobs.append(list(logprobs))
         self.mask.append(list(mask))
         self.reward.append(float(reward))
         self.prompt_id.append(prompt_id)
-        self.source.append(source)
+        self.source_policy.append(source_policy)
         self.kind.append(kind)
-        self.source_mean_logp.append(float(source_mean_logp))
+        self.source_mean_logprob.append(float(source_mean_logprob))
+
+    def add_row(self, row, *, kind: int) -> None:
+        """Append a record that has the row fields as attributes (a :class:`PeerRow`)."""
+        self.add(**{f: getattr(row, f) for f in ROW_FIELDS if f != "kind"}, kind=kind)
 
     def __len__(self) -> int:
         return len(self.reward)
@@ -53,6 +66,21 @@ class StepAdvantages:
     advantages: torch.Tensor  # [N]
     omega: torch.Tensor  # [N], HACPO's ω on cross rows (1 elsewhere)
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LossInputs:
+    """One mini-batch as a sharing mode's loss sees it: b rows, T completion positions,
+    right-aligned like ``sequence_logprobs`` (the completion ends at position T-1)."""
+    logp: torch.Tensor  # [b, T] the learner's log-probs of the row's tokens (with gradient)
+    logprobs: torch.Tensor  # [b, T] the sampler's log-probs (π_old; on peer rows the peer's, THL-transported)
+    mask: torch.Tensor  # [b, T] 1 where a token enters the loss
+    advantages: torch.Tensor  # [b] one per row, computed once per step
+    kind: torch.Tensor  # [b] OWN/PEER/RESCUE, on the host: choosing rows never waits for the device
+    source_mean_logprob: torch.Tensor  # [b] ℓ̄ of the sampler in its own tokens
+    omega: torch.Tensor  # [b] HACPO's ω (1 on own rows and in other modes)
+    minibatch_index: int  # HACPO's stepwise clipping grows with it; SGT's NLL joins mini-batch 0
+    ref_logp: torch.Tensor | None = None  # [b, T] the reference model's log-probs when a KL term is on
 
 
 def right_aligned(rows: list[list[float]], T: int) -> torch.Tensor:

@@ -43,15 +43,15 @@ class TokenizerRegistry:
 class PeerRow:
     """A peer's completion in the receiver's token space (a training row for naive/prp/hacpo).
 
-    ``completion_ids`` end with the receiver's EOS when the peer stopped on EOS, but
+    ``token_ids`` end with the receiver's EOS when the peer stopped on EOS, but
     the terminal EOS is outside the probability contract (docs/algorithms.md §2.10): its
     ``mask`` is 0 and ``source_mean_logprob`` excludes the source's EOS. An EOS-only
     completion maps to the receiver's EOS, which then carries the whole contract.
     """
 
     prompt_id: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
+    prompt_token_ids: list[int]
+    token_ids: list[int]
     logprobs: list[float]  # source log-probs transported onto the receiver's tokens (THL)
     mask: list[float]  # 1 = token is in an aligned THL group (and is not the terminal EOS)
     reward: float  # the receiver's own verifier's score
@@ -233,8 +233,8 @@ class PeerIntake:
             out.rescues.append(
                 RescueItem(
                     prompt_id=vs.prompt_id,
-                    prompt_ids=self._prompt_ids(problem),
-                    completion_ids=conv.target_ids + [self.tok.eos_token_id],
+                    prompt_token_ids=self._prompt_ids(problem),
+                    token_ids=conv.target_ids + [self.tok.eos_token_id],
                     source_policy=m.envelope.producer,
                     message_id=m.envelope.message_id,
                 )
@@ -294,8 +294,8 @@ class PeerIntake:
                 out.rows.append(
                     PeerRow(
                         prompt_id=r.prompt_id,
-                        prompt_ids=self._prompt_ids(problem),
-                        completion_ids=ids,
+                        prompt_token_ids=self._prompt_ids(problem),
+                        token_ids=ids,
                         logprobs=lps,
                         mask=mask,
                         reward=score,

@@ -10,6 +10,7 @@ from mutualrl.models.policy import tokenizer_fingerprint
 from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy, prompt_style
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.learner.learner import Learner, LearnerSettings
+from mutualrl.services.learner.modes import MODES
 from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
 from mutualrl.tasks import Verifier
 from mutualrl.thl import ThlBudget
@@ -18,14 +19,9 @@ from mutualrl.weights.groups import learner_sender, parse_address, resolve_backe
 
 
 def learner_optim(cfg: ExperimentConfig, optim: OptimConfig, n_peers: int) -> OptimConfig:
-    """The optimiser settings a learner runs with: HACPO's paper schedule takes
-    ``self_minibatches + cross_minibatches · peers`` updates per step, and with
-    ``sharing.hacpo.scale_lr`` the learning rate is divided by that count (docs/algorithms.md §2.8)."""
-    h = cfg.sharing.hacpo
-    if cfg.sharing.mode != "hacpo" or h.schedule != "paper" or not h.scale_lr:
-        return optim
-    updates = h.self_minibatches + h.cross_minibatches * max(1, n_peers)
-    return optim.model_copy(update={"lr": optim.lr / updates})
+    """The optimiser settings a learner runs with: its policy's, as its sharing mode changes them
+    (HACPO's paper schedule divides the learning rate by its updates per step, docs/algorithms.md §2.8)."""
+    return MODES.get(cfg.sharing.mode).optim(cfg.sharing, optim, n_peers)
 
 
 def make_learner(

@@ -219,7 +219,7 @@ def test_no_optimiser_step_without_gradient_signal(arithmetic_task):
     problems = arithmetic_task.train[:8]
     worker.run_step(1, problems)
     learner.train_step(1, problems)
-    worker.verifier = learner.intake.verifier = _Everything()  # the learner re-scores own rewards with its verifier
+    worker.verifier = learner.intake.verifier = learner.own_intake.verifier = _Everything()  # the learner re-scores own rewards with its verifier
     worker.run_step(2, problems)
     before = copy.deepcopy(arts.model.state_dict())
     rec = learner.train_step(2, problems)
@@ -272,14 +272,14 @@ def test_non_finite_loss_raises_and_leaves_the_weights(arithmetic_task, monkeypa
     arts, eng, worker, learner = pols["a"]
     problems = arithmetic_task.train[:8]
     worker.run_step(1, problems)
-    real = learner.strategy.loss
+    real = learner.mode.loss
 
-    def poisoned(**kw):
-        out = real(**kw)
+    def poisoned(x):
+        out = real(x)
         out.loss = out.loss * float("nan")
         return out
 
-    monkeypatch.setattr(learner.strategy, "loss", poisoned)
+    monkeypatch.setattr(learner.mode, "loss", poisoned)
     before = copy.deepcopy(arts.model.state_dict())
     with pytest.raises(FloatingPointError, match="non-finite loss or gradient at step 1"):
         learner.train_step(1, problems)

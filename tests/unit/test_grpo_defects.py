@@ -48,8 +48,8 @@ def test_capability_floor_applies_to_each_batch():
 
 
 def test_hacpo_paper_schedule_never_mixes_sources_or_own_and_peer_rows():
+    from mutualrl.services.learner.modes.hacpo import hacpo_minibatches
     from mutualrl.services.learner.objective import OWN, PEER
-    from mutualrl.services.learner.strategies import hacpo_minibatches
 
     kinds = [OWN] * 128 + [PEER] * 96 + [PEER] * 64
     sources = ["me"] * 128 + ["b"] * 96 + ["c"] * 64

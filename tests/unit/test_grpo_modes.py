@@ -4,18 +4,14 @@ formula specifies (docs/algorithms.md §1.2, §2, §3.3)."""
 
 import math
 import statistics
-import typing
 
 import pytest
 import torch
 
-from mutualrl.config.schema import SharingConfig
 from mutualrl.grpo import (
-    SHARING_MODES,
     CapabilityTracker,
     cross_clip_lower,
     get_policy_loss,
-    get_sharing_mode,
     group_insert_advantages,
     grpo_advantages,
     gspo_loss,
@@ -359,14 +355,3 @@ def test_sgt_group_insert_hand_computed():
     own_adv, res_adv = group_insert_advantages(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(1, dtype=torch.long), epsilon=0.0)
     assert res_adv.tolist() == pytest.approx([1.5])
     assert own_adv.tolist() == pytest.approx([-0.5] * 3)
-
-
-# ---------------------------------------------------------------- registry
-
-
-def test_sharing_mode_registry_matches_config_schema():
-    literal = typing.get_args(SharingConfig.model_fields["mode"].annotation)
-    assert sorted(literal) == SHARING_MODES.names()
-    assert get_sharing_mode("xgrpo").peer_kinds == ("advantage_stats",)
-    with pytest.raises(ValueError, match="valid: hacpo, naive, none, prp, sgt, xgrpo"):
-        get_sharing_mode("gossip")
