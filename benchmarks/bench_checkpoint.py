@@ -33,7 +33,9 @@ from mutualrl.weights import WeightStore
 
 def make_learner(hidden: int, layers: int):
     task = build_task("arithmetic", seed=0, min_digits=3, max_digits=3, train_size=2000, eval_size=16)
-    arts = load_policy(family="llama", shape=ModelShape(hidden_size=hidden, num_layers=layers, num_heads=8, intermediate_size=4 * hidden, max_positions=64),
+    arts = load_policy(family="llama",
+                       shape=ModelShape(hidden_size=hidden, num_layers=layers, num_heads=8,
+                                        intermediate_size=4 * hidden, max_positions=64),
                        tokenizer_kind="char", corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=0)
     ex = ExperienceExchange(InProcessBroker(), "mutualrl:bench")
     reg = TokenizerRegistry()
@@ -41,7 +43,8 @@ def make_learner(hidden: int, layers: int):
     from mutualrl.tasks.verifiers import ExactMatchVerifier
 
     intake = PeerIntake(arts.tokenizer, ExactMatchVerifier(), reg, ThlBudget())
-    settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=SharingConfig(mode="none"), optim=OptimConfig(lr=1e-5), peer_deadline_s=5.0)
+    settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=SharingConfig(mode="none"),
+                               optim=OptimConfig(lr=1e-5), peer_deadline_s=5.0)
     learner = Learner("a", arts.model, arts.tokenizer, ex, intake, WeightStore(), settings, peers=[])
     return learner, ex, arts, task
 
@@ -53,8 +56,10 @@ def publish_step(ex, arts, problems, step: int, rng: random.Random) -> None:
         for i in range(8):
             text = p.answer if rng.random() < 0.4 else str(rng.randint(100, 1998))
             ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=text, prompt_token_ids=prompt, token_ids=ids,
-                                  logprobs=[-1.0] * len(ids), reward=1.0 if text == p.answer else 0.0, step=step, sample_index=i, group_size=8), "a")
+            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=text,
+                                  prompt_token_ids=prompt, token_ids=ids,
+                                  logprobs=[-1.0] * len(ids), reward=1.0 if text == p.answer else 0.0, step=step,
+                                  sample_index=i, group_size=8), "a")
 
 
 def timed_steps(steps: int, every: int | None, hidden: int, layers: int, state_dir: Path) -> float:
@@ -72,7 +77,9 @@ def timed_steps(steps: int, every: int | None, hidden: int, layers: int, state_d
         records.append(rec)
         if every is not None and step % every == 0:
             rng_state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-            save_state(state_dir / "a.learner.state.pt", {"learner": learner.state_dict(), "step": step, "rng": rng_state, "ledger": ledger, "records": records}, step)
+            save_state(state_dir / "a.learner.state.pt",
+                       {"learner": learner.state_dict(), "step": step, "rng": rng_state, "ledger": ledger,
+                        "records": records}, step)
         learner.commit()
         total += time.perf_counter() - t
     return total / steps
@@ -91,7 +98,8 @@ def main() -> None:
         ckpt = timed_steps(args.steps, args.every, args.hidden, args.layers, Path(tmp))
         size = (Path(tmp) / "a.learner.state.pt").stat().st_size
     params = args.hidden * args.hidden * 12 * args.layers
-    print(f"model ~{params / 1e6:.0f}M params (hidden {args.hidden}, {args.layers} layers); checkpoint {size / 1e6:.0f} MB")
+    print(f"model ~{params / 1e6:.0f}M params (hidden {args.hidden}, {args.layers} layers); checkpoint "
+          f"{size / 1e6:.0f} MB")
     print(f"mean step without checkpoints           {base * 1000:8.1f} ms")
     print(f"mean step, checkpoint every {args.every:<3d}         {ckpt * 1000:8.1f} ms")
     print(f"overhead                                {(ckpt / base - 1) * 100:8.1f} %   (goal <= 10 %)")

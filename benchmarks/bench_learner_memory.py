@@ -16,8 +16,9 @@ import resource
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BIG = {"name": "big-qwen", "model": {"family": "qwen2", "hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072,
-                                     "max_positions": 64},
+BIG = {"name": "big-qwen",
+       "model": {"family": "qwen2", "hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072,
+                 "max_positions": 64},
        "tokenizer": {"kind": "bpe", "vocab_size": 300}, "warm_start": {"enabled": False}}
 
 

@@ -42,7 +42,8 @@ def _child(mode: str, rows: int, vocab: int, dtype: str) -> None:
 
 
 def run(mode: str, rows: int, vocab: int, dtype: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", mode, "--rows", str(rows), "--vocab", str(vocab), "--dtype", dtype],
+    out = subprocess.run([sys.executable, __file__, "--child", mode, "--rows", str(rows), "--vocab", str(vocab),
+                          "--dtype", dtype],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -62,7 +63,8 @@ def main() -> None:
     print(f"{args.rows} positions x {args.vocab} vocabulary, {args.dtype} logits, forward + backward (mean of 3)")
     print(f"full log_softmax + gather : {full['seconds'] * 1000:8.0f} ms  peak +{full['extra_mb']:7.0f} MB")
     print(f"selective (chunked lse)   : {sel['seconds'] * 1000:8.0f} ms  peak +{sel['extra_mb']:7.0f} MB")
-    print(f"memory ratio selective/full: {sel['extra_mb'] / max(full['extra_mb'], 1):.2f}; time ratio: {sel['seconds'] / full['seconds']:.2f}")
+    print(f"memory ratio selective/full: {sel['extra_mb'] / max(full['extra_mb'], 1):.2f}; time ratio: "
+          f"{sel['seconds'] / full['seconds']:.2f}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def build_rows(peer_rows: bool, gen: torch.Generator) -> tuple[Rows, Rows]:
             r = float(torch.rand(1, generator=gen) < 0.3)
             (peer if is_peer else own).add(
                 prompt_token_ids=[1, 2, 3], token_ids=[5] * n, logprobs=lp, mask=[1.0] * n, reward=r, prompt_id=f"p{g}",
-                source_policy="peer" if is_peer else "me", kind=PEER if is_peer else OWN, source_mean_logprob=sum(lp) / n,
+                source_policy="peer" if is_peer else "me", kind=PEER if is_peer else OWN,
+                source_mean_logprob=sum(lp) / n,
             )
             rewards.append(r)
         if not any(rewards[: G // 2 if peer_rows else G]):
@@ -93,7 +94,8 @@ def time_case(alg: dict, sharing: dict, repeats: int) -> float:
         r_logp = r_base.clone().requires_grad_(True)
         t0 = time.perf_counter()
         step_adv = obj.advantages(rows, stats)
-        out = obj.loss(LossInputs(logp=logp, logprobs=old, mask=mask, advantages=step_adv.advantages, kind=kind, source_mean_logprob=src,
+        out = obj.loss(LossInputs(logp=logp, logprobs=old, mask=mask, advantages=step_adv.advantages, kind=kind,
+                                  source_mean_logprob=src,
                                   omega=step_adv.omega, minibatch_index=0, ref_logp=ref))
         loss = out.loss + (0.1 * sgt_nll(r_logp, r_mask) if nll and len(rescue) else 0.0)
         loss.backward()
@@ -135,13 +137,15 @@ def contended(repeats: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--contended", action="store_true", help="Also time GRPO beside another training process, threads per core vs per share.")
+    ap.add_argument("--contended", action="store_true",
+                    help="Also time GRPO beside another training process, threads per core vs per share.")
     args = ap.parse_args()
     if args.contended:
         contended(args.repeats)
     torch.set_num_threads(2)
     base = time_case(*CASES["grpo"], args.repeats)
-    print(f"{GROUPS} groups x {G} completions x {T} tokens; median of {args.repeats} (loss + backward, advantages included)")
+    print(f"{GROUPS} groups x {G} completions x {T} tokens; median of {args.repeats} (loss + backward, advantages "
+          "included)")
     print(f"{'mode':<26}{'ms':>9}{'ratio to grpo':>16}")
     worst = 0.0
     for name, (alg, sh) in CASES.items():

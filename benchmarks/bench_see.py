@@ -30,7 +30,8 @@ from mutualrl.v1 import experience_pb2 as pb
 def rollout(i: int) -> pb.Rollout:
     return pb.Rollout(
         prompt_id=f"p{i % 64}", prompt_text="Q: 12+34=", completion_text="x" * 1200, token_ids=list(range(150)),
-        logprobs=[-0.5] * 150, reward=1.0, step=i // 512, sample_index=i % 8, group_size=8, tokenizer_fingerprint="f" * 16,
+        logprobs=[-0.5] * 150, reward=1.0, step=i // 512, sample_index=i % 8, group_size=8,
+        tokenizer_fingerprint="f" * 16,
     )
 
 
@@ -53,8 +54,10 @@ def raw_roundtrip(r: redis.Redis, stream: str, blobs: list[bytes], batch: int) -
 
 
 RUN_KEY = "bench-run-key"
-PUB_KEYS = Keyring(keys_for_service(RUN_KEY, "a", "rollout", ["a", "b"]))  # the producer holds its own key (and its learner's)
-RECV_KEYS = Keyring(keys_for_service(RUN_KEY, "b", "learner", ["a", "b"]))  # the receiver: every rollout service's, to verify
+# the producer holds its own key (and its learner's)
+PUB_KEYS = Keyring(keys_for_service(RUN_KEY, "a", "rollout", ["a", "b"]))
+# the receiver: every rollout service's, to verify
+RECV_KEYS = Keyring(keys_for_service(RUN_KEY, "b", "learner", ["a", "b"]))
 
 
 def see_roundtrip(url: str, n: int, batch: int, namespace: str | None = None,
@@ -127,7 +130,8 @@ def main() -> None:
         r = redis.Redis.from_url(server.url)
         probe = ExperienceExchange(RedisBroker(RedisOptions(url=server.url)), "size", keys=key)
         blobs = [probe.codec.encode(probe.codec.wrap(rollout(i), "a", 0)) for i in range(args.n)]
-        print(f"server {server.binary} on port {server.port}; {args.n} messages of {statistics.fmean(map(len, blobs)):.0f} bytes, batches of {args.batch}")
+        print(f"server {server.binary} on port {server.port}; {args.n} messages of "
+              f"{statistics.fmean(map(len, blobs)):.0f} bytes, batches of {args.batch}")
         # interleaved, best of 5 each: on 2 shared cores single runs vary by ±15 %
         raws, sees = [], []
         for _ in range(5):
@@ -150,7 +154,8 @@ def main() -> None:
         print(f"throughput ratio SEE(ACL)/raw: {raw / see_acl:.2f} (goal >= 0.5)")
         lat = sorted(latency(server.url, args.rate, args.seconds, key))
         q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]  # noqa: E731
-        print(f"latency at {args.rate} msg/s over {len(lat)} messages: p50 {q(0.5):.2f} ms, p99 {q(0.99):.2f} ms, max {lat[-1]:.2f} ms (goal p99 < 5 ms)")
+        print(f"latency at {args.rate} msg/s over {len(lat)} messages: p50 {q(0.5):.2f} ms, p99 {q(0.99):.2f} ms, max "
+              f"{lat[-1]:.2f} ms (goal p99 < 5 ms)")
 
 
 if __name__ == "__main__":

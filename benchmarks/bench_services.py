@@ -26,7 +26,8 @@ def steps_per_second(metrics: Path) -> float:
     for r in recs:
         if r.get("phase") == "warm_start" or "wall_time" not in r:
             continue
-        by_step[r["step"]] = max(by_step.get(r["step"], 0.0), r["wall_time"])  # a step ends when its slowest policy ends
+        # a step ends when its slowest policy ends
+        by_step[r["step"]] = max(by_step.get(r["step"], 0.0), r["wall_time"])
     steps = sorted(by_step)
     return (len(steps) - 1) / (by_step[steps[-1]] - by_step[steps[0]])
 

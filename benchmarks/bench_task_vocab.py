@@ -33,10 +33,12 @@ def step_seconds(kind: str, rollouts: int, repeats: int) -> dict:
     times = {"sample": 0.0, "train": 0.0}
     for _ in range(repeats):
         t = time.perf_counter()
-        samples = sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=6, generator=gen)
+        samples = sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=6,
+                         generator=gen)
         times["sample"] += time.perf_counter() - t
         t = time.perf_counter()
-        lp, mask = sequence_logprobs(model, prompts, [s.token_ids or [tok.eos_token_id] for s in samples], pad_id=tok.pad_token_id)
+        lp, mask = sequence_logprobs(model, prompts, [s.token_ids or [tok.eos_token_id] for s in samples],
+                                     pad_id=tok.pad_token_id)
         (-(lp * mask).sum() / mask.sum()).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -55,7 +57,8 @@ def main() -> None:
     trimmed = step_seconds("qwen2.5-task", args.rollouts, args.repeats)
     whole = step_seconds("qwen2.5", args.rollouts, args.repeats)
     for name, r in (("qwen2.5 (whole)", whole), ("qwen2.5-task", trimmed)):
-        print(f"{name:16s} vocab {r['vocab']:>7,}  params {r['params']:>11,}  sample {r['sample']:.2f} s  train {r['train']:.2f} s  step {r['total']:.2f} s")
+        print(f"{name:16s} vocab {r['vocab']:>7,}  params {r['params']:>11,}  sample {r['sample']:.2f} s  train "
+              f"{r['train']:.2f} s  step {r['total']:.2f} s")
     print(json.dumps({"whole_over_trimmed": round(whole["total"] / trimmed["total"], 1)}))
 
 

@@ -61,9 +61,12 @@ def main() -> None:
     uni = build_tokenizer("unigram", corpus, 800)
     texts = make_texts(args.n, args.tokens, qwen)
     print(f"{args.n} completions, ~{args.tokens} words each; best of {args.repeats}")
-    print("THL s: the receiver checks canonicality itself; +flag: the producer sent it (Rollout.canonical), the learner's case")
-    print(f"{'source -> target':28s} {'src tok/compl':>13s} {'encode s':>9s} {'THL s':>8s} {'ratio':>6s} {'+flag s':>8s} {'ratio':>6s}  residual (mean u, roundtrip ok)")
-    for (sname, s), (tname, t) in [(("qwen2.5", qwen), ("bpe-2k", bpe)), (("bpe-2k", bpe), ("qwen2.5", qwen)), (("qwen2.5", qwen), ("unigram-800", uni))]:
+    print("THL s: the receiver checks canonicality itself; +flag: the producer sent it (Rollout.canonical), the "
+          "learner's case")
+    print(f"{'source -> target':28s} {'src tok/compl':>13s} {'encode s':>9s} {'THL s':>8s} {'ratio':>6s} "
+          f"{'+flag s':>8s} {'ratio':>6s}  residual (mean u, roundtrip ok)")
+    for (sname, s), (tname, t) in [(("qwen2.5", qwen), ("bpe-2k", bpe)), (("bpe-2k", bpe), ("qwen2.5", qwen)),
+                                   (("qwen2.5", qwen), ("unigram-800", uni))]:
         ids = [row + [s.eos_token_id] for row in s(texts, add_special_tokens=False)["input_ids"]]
         lps = [[-0.5] * len(row) for row in ids]
         enc_s = best_of(lambda: t(texts, add_special_tokens=False), args.repeats)
@@ -75,7 +78,8 @@ def main() -> None:
         u = statistics.fmean(c.residual.unaligned_fraction for c in conv)
         rt = sum(c.residual.roundtrip_ok for c in conv) / len(conv)
         mean_len = statistics.fmean(len(r) for r in ids)
-        print(f"{sname + ' -> ' + tname:28s} {mean_len:13.0f} {enc_s:9.3f} {thl_s:8.3f} {enc_s / thl_s:6.2f} {flag_s:8.3f} {enc_s / flag_s:6.2f}  u={u:.4f}, roundtrip={rt:.1%}")
+        print(f"{sname + ' -> ' + tname:28s} {mean_len:13.0f} {enc_s:9.3f} {thl_s:8.3f} {enc_s / thl_s:6.2f} "
+              f"{flag_s:8.3f} {enc_s / flag_s:6.2f}  u={u:.4f}, roundtrip={rt:.1%}")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ def run_measured(cmd: list[str], log: Path) -> tuple[int, float]:
     peak = [0]
     with log.open("w") as f:
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         stop = threading.Event()
 
         def sample() -> None:
@@ -113,7 +114,8 @@ def trl_worker(spec_file: Path, out_file: Path) -> None:
     verifier = answer_verifier("last_number")
 
     def reward(prompts, completions, answer, **_):
-        return [verifier.score(Problem("", a), c[0]["content"] if isinstance(c, list) else c) for c, a in zip(completions, answer)]
+        return [verifier.score(Problem("", a),
+                               c[0]["content"] if isinstance(c, list) else c) for c, a in zip(completions, answer)]
 
     n, g = spec["prompts_per_step"], spec["group_size"]
     cfg = GRPOConfig(
@@ -136,7 +138,8 @@ def trl_worker(spec_file: Path, out_file: Path) -> None:
             if logs:
                 records.append({**logs, "step": state.global_step})
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok,
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
+                          processing_class=tok,
                           callbacks=[Clock()])
     trainer.train()
     lengths = [r["completions/mean_length"] for r in records if r.get("completions/mean_length") is not None]
@@ -154,12 +157,14 @@ def limits(model_dir: str, prompts: list[str], group: int, max_new: int, complet
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts for _ in range(group)]
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                     tokenize=False) for p in prompts for _ in range(group)]
     batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     model.eval()
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(**batch, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new, pad_token_id=tok.pad_token_id)
+        out = model.generate(**batch, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new,
+                             pad_token_id=tok.pad_token_id)
     gen_s = time.perf_counter() - t0
     new = (out[:, batch["input_ids"].shape[1]:] != tok.pad_token_id).sum().item()
     width = batch["input_ids"].shape[1] + int(round(completion_len))
@@ -183,7 +188,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--skip", action="append", default=[], choices=["run", "up", "trl", "limits"])
-    ap.add_argument("--pause-pgid", type=int, default=None, help="SIGSTOP this process group while measuring, SIGCONT after.")
+    ap.add_argument("--pause-pgid", type=int, default=None,
+                    help="SIGSTOP this process group while measuring, SIGCONT after.")
     ap.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
     ap.add_argument("--trl-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -207,7 +213,9 @@ def missed(f: dict) -> list[str]:
     """The goals this invocation measured and missed (run >= 1.0x TRL, up >= 0.8x TRL)."""
     if "trl" not in f:
         return []
-    return [name for name, goal in (("run", 1.0), ("up", 0.8)) if name in f and f[name]["steps_per_s"] / f["trl"]["steps_per_s"] < goal]
+    return [name for name, goal in (("run", 1.0),
+                                    ("up",
+                                     0.8)) if name in f and f[name]["steps_per_s"] / f["trl"]["steps_per_s"] < goal]
 
 
 def measure(args) -> dict:
@@ -217,8 +225,10 @@ def measure(args) -> dict:
     from mutualrl.runtime.policy_setup import build_task_from_config
 
     model_dir = str(get_model("smollm2-135m-instruct", echo=print))
-    sets = [f"policies.smollm2.model.path={model_dir}", f"budget.steps={args.steps}", f"budget.prompts_per_step={args.prompts}",
-            f"budget.group_size={args.group}", f"budget.max_new_tokens={args.max_new_tokens}", f"policies.smollm2.optim.lr={args.lr}",
+    sets = [f"policies.smollm2.model.path={model_dir}", f"budget.steps={args.steps}",
+            f"budget.prompts_per_step={args.prompts}",
+            f"budget.group_size={args.group}", f"budget.max_new_tokens={args.max_new_tokens}",
+            f"policies.smollm2.optim.lr={args.lr}",
             "eval.every=100000", "eval.size=8"]
     cfg = load_config(CONFIG, sets)
     task, _ = build_task_from_config(cfg)
@@ -226,7 +236,8 @@ def measure(args) -> dict:
     # the prompts our run trains on, in its order, so TRL sees the same ones
     distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
     problems = [p for step in range(1, args.steps + 1) for p in distributor.batch(step)]
-    figures: dict = {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new_tokens,
+    figures: dict = {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group,
+                     "max_new_tokens": args.max_new_tokens,
                      "threads": os.cpu_count(), "model": "SmolLM2-135M-Instruct (fp32)"}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -245,34 +256,40 @@ def measure(args) -> dict:
             figures["up"] = {**ours(tmp / "up" / "metrics.jsonl"), "peak_rss_gib": peak / 2**30, "wall_s": wall}
             print(f"up: {figures['up']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
         if "trl" not in args.skip:
-            spec = {"model": model_dir, "prompts": [f"{p.prompt}\n\n{instruction}" for p in problems], "answers": [p.answer for p in problems],
-                    "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new_tokens, "lr": args.lr,
+            spec = {"model": model_dir, "prompts": [f"{p.prompt}\n\n{instruction}" for p in problems],
+                    "answers": [p.answer for p in problems],
+                    "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new_tokens,
+                    "lr": args.lr,
                     "steps": args.steps, "out": str(tmp / "trl")}
             (tmp / "trl.json").write_text(json.dumps(spec))
-            peak, wall = run_measured([sys.executable, __file__, "--trl-worker", str(tmp / "trl.json"), str(tmp / "trl-out.json")], tmp / "trl.log")
+            peak, wall = run_measured([sys.executable, __file__, "--trl-worker", str(tmp / "trl.json"),
+                                       str(tmp / "trl-out.json")], tmp / "trl.log")
             res = json.loads((tmp / "trl-out.json").read_text())
             ends = res["ends"]
             span = ends[-1] - ends[0]
             tokens = sum(length * args.prompts * args.group for length in res["mean_lengths"][1:])
-            figures["trl"] = {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": tokens / span, "step_s": span / (len(ends) - 1),
+            figures["trl"] = {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": tokens / span,
+                              "step_s": span / (len(ends) - 1),
                               "peak_rss_gib": peak / 2**30, "wall_s": wall, "reward": res["rewards"]}
             print(f"trl: {figures['trl']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
         if "limits" not in args.skip and "run" in figures:
             mean_len = figures["run"]["tokens_per_s"] * figures["run"]["step_s"] / (args.prompts * args.group)
-            figures["limits"] = limits(model_dir, [f"{p.prompt}\n\n{instruction}" for p in problems[: args.prompts]], args.group,
+            figures["limits"] = limits(model_dir, [f"{p.prompt}\n\n{instruction}" for p in problems[: args.prompts]],
+                                       args.group,
                                        args.max_new_tokens, mean_len)
     report(figures)
     return figures
 
 
 def report(f: dict) -> None:
-    print(f"\nSmolLM2-135M-Instruct, isolated GRPO: {f['steps']} steps of {f['prompts_per_step']} prompts x {f['group_size']} samples, "
-          f"<= {f['max_new_tokens']} new tokens, fp32, {f['threads']} cores")
+    print(f"\nSmolLM2-135M-Instruct, isolated GRPO: {f['steps']} steps of {f['prompts_per_step']} prompts x "
+          f"{f['group_size']} samples, <= {f['max_new_tokens']} new tokens, fp32, {f['threads']} cores")
     print(f"{'':8} {'steps/s':>9} {'s/step':>8} {'gen tok/s':>10} {'peak GiB':>9}")
     for name in ("run", "up", "trl"):
         if name in f:
             r = f[name]
-            print(f"{name:8} {r['steps_per_s']:9.4f} {r['step_s']:8.1f} {r['tokens_per_s']:10.1f} {r['peak_rss_gib']:9.1f}")
+            print(f"{name:8} {r['steps_per_s']:9.4f} {r['step_s']:8.1f} {r['tokens_per_s']:10.1f} "
+                  f"{r['peak_rss_gib']:9.1f}")
     if "trl" in f:
         for name, goal in (("run", 1.0), ("up", 0.8)):
             if name in f:
@@ -281,9 +298,12 @@ def report(f: dict) -> None:
     if "limits" in f and "run" in f:
         st, lim = f["run"]["stages"], f["limits"]
         print("\nour step's stages (mean over steps 2..) against the limits of the same batch:")
-        print(f"  generate     {st.get('generate', 0):6.1f} s   plain model.generate {lim['generate_s']:6.1f} s  (ours / limit {st.get('generate', 0) / lim['generate_s']:.2f})")
-        print(f"  log-probs    {st.get('logprob', 0):6.1f} s   (none: the sampler's log-probs are π_old, the learner does not recompute them)")
-        print(f"  train        {st.get('train', 0):6.1f} s   plain forward/backward/AdamW {lim['train_s']:6.1f} s  (ours / limit {st.get('train', 0) / lim['train_s']:.2f})")
+        print(f"  generate     {st.get('generate', 0):6.1f} s   plain model.generate {lim['generate_s']:6.1f} s  (ours "
+              f"/ limit {st.get('generate', 0) / lim['generate_s']:.2f})")
+        print(f"  log-probs    {st.get('logprob', 0):6.1f} s   (none: the sampler's log-probs are π_old, the learner "
+              "does not recompute them)")
+        print(f"  train        {st.get('train', 0):6.1f} s   plain forward/backward/AdamW {lim['train_s']:6.1f} s  "
+              f"(ours / limit {st.get('train', 0) / lim['train_s']:.2f})")
         print(f"  weight sync  {st.get('weight_sync', 0):6.1f} s   (TRL samples with the trained module itself: 0)")
 
 

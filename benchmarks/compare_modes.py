@@ -1,4 +1,4 @@
-"""Every sharing mode against isolated GRPO: a thin call of `mutualrl compare` (app/compare.py).
+"""Every sharing mode against isolated GRPO: a thin call of `mutualrl compare` (app/src/mutualrl/app/compare.py).
 
     .venv/bin/python benchmarks/compare_modes.py [SPEC] [--quick] [--jobs 2] [--out DIR]
 

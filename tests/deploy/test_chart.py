@@ -18,7 +18,8 @@ from mutualrl.runtime.serve_args import serve_argv
 
 VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 K8S_VERSIONS = ["1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0"]
-CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): prom.ServiceMonitor, ("monitoring.coreos.com/v1", "PodMonitor"): prom.PodMonitor,
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): prom.ServiceMonitor,
+        ("monitoring.coreos.com/v1", "PodMonitor"): prom.PodMonitor,
         ("monitoring.coreos.com/v1", "PrometheusRule"): prom.PrometheusRule}
 
 
@@ -33,7 +34,8 @@ def values_of(path) -> dict:
 
 
 def test_three_values_files_exist():
-    assert {p.name for p in VALUES} >= {"cpu-tiny-values.yaml", "gpu-vllm-3-values.yaml", "kueue-external-redis-values.yaml"}
+    assert {p.name for p in VALUES} >= {"cpu-tiny-values.yaml", "gpu-vllm-3-values.yaml",
+                                        "kueue-external-redis-values.yaml"}
 
 
 @pytest.mark.parametrize("path", [None, *VALUES], ids=lambda p: "defaults" if p is None else p.name)
@@ -75,14 +77,16 @@ def test_every_rendered_object_is_valid(path):
 def test_objects_per_values_file():
     kinds = {p.name: sorted({o["kind"] for o in render(values_of(p))}) for p in VALUES}
     assert "Deployment" in kinds["cpu-tiny-values.yaml"] and "Role" not in kinds["cpu-tiny-values.yaml"]
-    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ClusterRole", "StatefulSet"} <= set(kinds["gpu-vllm-3-values.yaml"])
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ClusterRole",
+            "StatefulSet"} <= set(kinds["gpu-vllm-3-values.yaml"])
     kueue = kinds["kueue-external-redis-values.yaml"]
     assert "StatefulSet" not in kueue and "ClusterRole" not in kueue and "NetworkPolicy" not in kueue
 
 
 @pytest.mark.parametrize("path", VALUES, ids=lambda p: p.name)
 def test_rendered_experiment_passes_mutualrls_schema(path):
-    cm = next(o for o in render(values_of(path)) if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
+    cm = next(o for o in render(values_of(path))
+              if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
     cfg = parse_config(cm["data"]["config.yaml"], "rendered", check_paths=False)
     assert [p.name for p in cfg.policies] == [p["name"] for p in values_of(path)["policies"]]
     assert cfg.broker.backend == "redis" and cfg.broker.hmac_key_env == "MUTUALRL_HMAC_KEY"
@@ -95,7 +99,8 @@ def test_static_workloads_run_the_command_up_runs():
     for d in deployments:
         labels = d["spec"]["template"]["metadata"]["labels"]
         c = d["spec"]["template"]["spec"]["containers"][0]
-        expected = serve_argv(labels["mutualrl.io/role"], labels["mutualrl.io/policy"], config="/etc/mutualrl/config.yaml", namespace="mutualrl:rl",
+        expected = serve_argv(labels["mutualrl.io/role"], labels["mutualrl.io/policy"],
+                              config="/etc/mutualrl/config.yaml", namespace="mutualrl:rl",
                               redis="$(MUTUALRL_REDIS_URL)", weights="/weights", out="/data", ops_port=9000,
                               grpc_port=50051 if labels["mutualrl.io/role"] == "rollout" else None)
         assert c["command"] == ["mutualrl"] and c["args"] == expected
@@ -108,14 +113,19 @@ def test_the_collective_transport_points_every_policy_at_its_learners_weight_gro
     for d in (o for o in objs if o["kind"] == "Deployment"):
         labels = d["spec"]["template"]["metadata"]["labels"]
         role, policy = labels["mutualrl.io/role"], labels["mutualrl.io/policy"]
-        learner = next(o["metadata"]["name"] for o in objs if o["kind"] == "Service" and o["metadata"]["labels"].get("mutualrl.io/policy") == policy
+        learner = next(o["metadata"]["name"] for o in objs if o["kind"] == "Service"
+                       and o["metadata"]["labels"].get("mutualrl.io/policy") == policy
                        and o["metadata"]["labels"].get("mutualrl.io/role") == "learner")
         c = d["spec"]["template"]["spec"]["containers"][0]
-        assert c["args"] == serve_argv(role, policy, config="/etc/mutualrl/config.yaml", namespace="mutualrl:rl", redis="$(MUTUALRL_REDIS_URL)",
-                                       weights="/weights", out="/data", ops_port=9000, grpc_port=50051 if role == "rollout" else None,
+        assert c["args"] == serve_argv(role, policy, config="/etc/mutualrl/config.yaml", namespace="mutualrl:rl",
+                                       redis="$(MUTUALRL_REDIS_URL)",
+                                       weights="/weights", out="/data", ops_port=9000,
+                                       grpc_port=50051 if role == "rollout" else None,
                                        weights_group=f"{learner}:29650")
         assert ({"name": "weights", "containerPort": 29650} in c["ports"]) == (role == "learner")
-    for svc in (o for o in objs if o["kind"] == "Service" and o["metadata"]["labels"].get("mutualrl.io/role") == "learner"):
+    learner_services = [o for o in objs
+                        if o["kind"] == "Service" and o["metadata"]["labels"].get("mutualrl.io/role") == "learner"]
+    for svc in learner_services:
         assert {"name": "weights", "port": 29650, "targetPort": "weights"} in svc["spec"]["ports"]
     cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
     assert parse_config(cm["data"]["config.yaml"], "rendered", check_paths=False).weights.transport == "collective"
@@ -148,7 +158,9 @@ def test_bundled_redis_gives_every_pod_its_own_acl_identity(tmp_path):
     for d in (o for o in objs if o["kind"] == "Deployment"):
         env = {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
         labels = d["spec"]["template"]["metadata"]["labels"]
-        who = f"{labels['mutualrl.io/policy']}.{labels['mutualrl.io/role']}" if "mutualrl.io/policy" in labels else "mwra.observer"
+        who = "mwra.observer"
+        if "mutualrl.io/policy" in labels:
+            who = f"{labels['mutualrl.io/policy']}.{labels['mutualrl.io/role']}"
         assert env["MUTUALRL_REDIS_USERNAME"]["value"] == who
         assert env["MUTUALRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == who
     key_of = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in init["env"]}
@@ -183,9 +195,11 @@ def test_static_pods_hold_their_own_signing_key_and_only_their_sources(tmp_path)
     secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-see-keys"))
     values = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     policies = [p["name"] for p in values_of(CHART / "ci" / "cpu-tiny-values.yaml")["policies"]]
-    assert set(values) == {f"{p}.{r}" for p in policies for r in ("rollout", "learner")} and len(set(values.values())) == len(values)
+    assert set(values) == {f"{p}.{r}" for p in policies for r in ("rollout",
+        "learner")} and len(set(values.values())) == len(values)
     rings = {}
-    for d in (o for o in objs if o["kind"] == "Deployment" and "mutualrl.io/policy" in o["spec"]["template"]["metadata"]["labels"]):
+    deployments = [o for o in objs if o["kind"] == "Deployment"]
+    for d in (o for o in deployments if "mutualrl.io/policy" in o["spec"]["template"]["metadata"]["labels"]):
         labels = d["spec"]["template"]["metadata"]["labels"]
         policy, role = labels["mutualrl.io/policy"], labels["mutualrl.io/role"]
         env = d["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -197,7 +211,8 @@ def test_static_pods_hold_their_own_signing_key_and_only_their_sources(tmp_path)
             elif "value" in e:
                 resolved[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: resolved[m.group(1)], e["value"])
         keys = parse_keys(resolved["MUTUALRL_SEE_KEYS"])
-        expected = {f"{policy}.{role}", f"{policy}.learner"} if role == "rollout" else {f"{policy}.learner", *(f"{q}.rollout" for q in policies)}
+        expected = {f"{policy}.{role}", f"{policy}.learner"} if role == "rollout" else {f"{policy}.learner",
+            *(f"{q}.rollout" for q in policies)}
         assert set(keys) == expected and all(keys[s] == values[s].encode() for s in keys)
         rings[f"{policy}.{role}"] = EnvelopeCodec(Keyring(keys))
     a, b = policies[0], policies[1]
@@ -223,7 +238,8 @@ def test_security_and_probes():
 
 def test_controller_role_holds_only_the_chosen_gang_backends_objects():
     vals = values_of(CHART / "ci" / "gpu-vllm-3-values.yaml")
-    for gang, group in (("kai", "scheduling.run.ai"), ("volcano", "scheduling.volcano.sh"), ("native", "scheduling.k8s.io"), ("kueue", None), ("mwra", None)):
+    for gang, group in (("kai", "scheduling.run.ai"), ("volcano", "scheduling.volcano.sh"),
+                        ("native", "scheduling.k8s.io"), ("kueue", None), ("mwra", None)):
         v = copy.deepcopy(vals)
         v["mwra"]["gang"] = gang
         role = next(o for o in render(v) if o["kind"] == "Role")

@@ -38,12 +38,16 @@ def test_dockerfile_passes_hadolint_with_every_ignore_explained():
     for i, line in enumerate(lines):
         if "hadolint ignore=" in line:
             code = line.split("ignore=")[1].strip()
-            assert any(code in lines[j] and len(lines[j]) > len(code) + 6 for j in range(max(0, i - 3), i)), f"no written reason above {line!r}"
+            assert any(code in lines[j] and len(lines[j]) > len(code) + 6 for j in range(max(0, i - 3),
+                i)), f"no written reason above {line!r}"
 
 
 def test_dockerfile_is_multi_stage_non_root_with_a_healthcheck_and_both_flavours():
     text = (ROOT / "Dockerfile").read_text()
-    assert text.count("\nFROM ") + text.startswith("FROM ") >= 2 and "USER 10001" in text and "HEALTHCHECK" in text and "/healthz" in text
+    assert text.count("\nFROM ") + text.startswith("FROM ") >= 2
+    assert "USER 10001" in text
+    assert "HEALTHCHECK" in text
+    assert "/healthz" in text
     assert 'ARG FLAVOR=cpu' in text and '"$FLAVOR" = "cuda"' in text.replace("!=", "=") or "cuda" in text
     assert (ROOT / ".dockerignore").is_file()
 
@@ -51,7 +55,8 @@ def test_dockerfile_is_multi_stage_non_root_with_a_healthcheck_and_both_flavours
 def test_compose_file_is_the_generators_output():
     cpu, gpu = load_config(CPU, check_paths=False), load_config(GPU, check_paths=False)
     expected = render(cpu, gpu, "deploy/compose/experiment.yaml", "deploy/compose/experiment-gpu.yaml", 4)
-    assert (ROOT / "docker-compose.yml").read_text() == expected, "regenerate: mutualrl compose deploy/compose/experiment.yaml deploy/compose/experiment-gpu.yaml"
+    assert (ROOT / "docker-compose.yml").read_text() == expected, (
+        "regenerate: mutualrl compose deploy/compose/experiment.yaml deploy/compose/experiment-gpu.yaml")
     assert (ROOT / "deploy" / "prometheus" / "prometheus-compose.yml").read_text() == prometheus_config(cpu, gpu)
 
 
@@ -63,25 +68,29 @@ def _env_example() -> dict[str, str]:
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_docker_compose_config(profile):
     env = {**os.environ, **_env_example(), "COMPOSE_PROFILES": profile}
-    p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True, text=True, env=env, cwd=ROOT)
+    p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     # (docker-compose 1.29 lists every service with --services, whatever the profile: read the file)
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     active = {n for n, s in services.items() if "profiles" not in s or profile in s["profiles"]}
     assert {"redis", "controller", "prometheus", "grafana"} <= active
-    assert ("llama-char-rollout" in active) == (profile == "cpu") and ("vllm-llama-char" in active) == (profile == "gpu")
+    assert ("llama-char-rollout" in active) == (profile == "cpu")
+    assert ("vllm-llama-char" in active) == (profile == "gpu")
     for name in active:
         deps = services[name].get("depends_on", {})
         assert all(d in active for d in deps), (name, deps)
     assert services["llama-char-rollout"]["depends_on"]["redis"] == {"condition": "service_healthy"}
     # Redis starts from the ACL file `mutualrl see acl` wrote; each service has its own identity
-    assert "--aclfile" in services["redis"]["command"] and services["redis"]["depends_on"]["redis-acl"]["condition"] == "service_completed_successfully"
+    assert "--aclfile" in services["redis"]["command"]
+    assert services["redis"]["depends_on"]["redis-acl"]["condition"] == "service_completed_successfully"
     assert services["redis-acl"]["command"][:2] == ["see", "acl"]
     for name in active:
         env = services[name].get("environment", {})
         if "MUTUALRL_REDIS_USERNAME" in env:
             policy, role = env["MUTUALRL_REDIS_USERNAME"].split(".")
-            assert env["MUTUALRL_REDIS_PASSWORD"].startswith("${MUTUALRL_REDIS_PASSWORD_" + policy.upper().replace("-", "_") + "_" + role.upper())
+            assert env["MUTUALRL_REDIS_PASSWORD"].startswith("${MUTUALRL_REDIS_PASSWORD_" + policy.upper().replace("-",
+                "_") + "_" + role.upper())
 
 
 def test_the_compose_acl_job_writes_a_file_redis_enforces(tmp_path):
@@ -97,7 +106,8 @@ def test_the_compose_acl_job_writes_a_file_redis_enforces(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", *cmd], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
     with RedisServer(password=env["MUTUALRL_REDIS_ADMIN_PASSWORD"], aclfile=str(tmp_path / "users.acl")) as srv:
-        me = redis.Redis(port=srv.port, username="llama-char.rollout", password=env["MUTUALRL_REDIS_PASSWORD_LLAMA_CHAR_ROLLOUT"])
+        me = redis.Redis(port=srv.port, username="llama-char.rollout",
+                         password=env["MUTUALRL_REDIS_PASSWORD_LLAMA_CHAR_ROLLOUT"])
         me.xadd("mutualrl:compose:rollout:llama-char", {"d": b"x"})
         with pytest.raises(redis.exceptions.NoPermissionError):
             me.xadd("mutualrl:compose:rollout:gpt2-bpe", {"d": b"x"})
@@ -109,7 +119,8 @@ def test_compose_without_the_secrets_fails_naming_them():
         if missing == "COMPOSE_PROFILES":
             continue
         env = {**os.environ, **{k: v for k, v in _env_example().items() if k != missing}}
-        p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True, text=True, env=env, cwd=ROOT)
+        p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+                           capture_output=True, text=True, env=env, cwd=ROOT)
         assert p.returncode != 0 and missing in p.stderr, missing
 
 
@@ -123,7 +134,8 @@ def test_compose_services_run_the_commands_up_runs(tmp_path):
         assert compose_cmd[:2] == up_args[:2] == ["serve", s.role]
         assert flags(compose_cmd) == flags(up_args)
         assert compose_cmd[compose_cmd.index("--policy") + 1] == s.policy
-    gpu_ids = [d["device_ids"] for svc in doc["services"].values() for d in svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])]
+    gpu_ids = [d["device_ids"] for svc in doc["services"].values() for d in svc.get("deploy", {}).get("resources",
+        {}).get("reservations", {}).get("devices", [])]
     flat = [i for ids in gpu_ids for i in ids]
     assert flat and len(flat) == len(set(flat)), "every GPU reserved by exactly one service (the local MWRA plan)"
 
@@ -131,7 +143,8 @@ def test_compose_services_run_the_commands_up_runs(tmp_path):
 def test_compose_with_the_collective_transport_points_each_policy_at_its_learner(tmp_path):
     from mutualrl.app.compose import compose_file
 
-    cpu, gpu = (load_config(f, ["weights.transport=collective", "weights.port=29700"], check_paths=False) for f in (CPU, GPU))
+    cpu, gpu = (load_config(f, ["weights.transport=collective", "weights.port=29700"], check_paths=False) for f in (CPU,
+        GPU))
     services = compose_file(cpu, gpu, "cpu.yaml", "gpu.yaml", 4)["services"]
     up = Supervisor(cpu, tmp_path).service_specs("redis://127.0.0.1:6379/0", "ns")
     for s in up:  # `up` passes the flag too (with its own free port on loopback)
@@ -148,9 +161,11 @@ def test_compose_with_the_collective_transport_points_each_policy_at_its_learner
 
 
 def test_alert_rules_check_and_unit_tests():
-    p = subprocess.run([tool("promtool"), "check", "rules", str(CHART / "files" / "alerts.yml")], capture_output=True, text=True)
+    p = subprocess.run([tool("promtool"), "check", "rules", str(CHART / "files" / "alerts.yml")], capture_output=True,
+                       text=True)
     assert p.returncode == 0 and "6 rules found" in p.stdout, p.stdout + p.stderr
-    p = subprocess.run([tool("promtool"), "test", "rules", "alerts_test.yml"], capture_output=True, text=True, cwd=CHART / "files")
+    p = subprocess.run([tool("promtool"), "test", "rules", "alerts_test.yml"], capture_output=True, text=True,
+                       cwd=CHART / "files")
     assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
     rules = yaml.safe_load((CHART / "files" / "alerts.yml").read_text())["groups"][0]["rules"]
     tested = yaml.safe_load((CHART / "files" / "alerts_test.yml").read_text())
@@ -163,9 +178,11 @@ def test_dashboards_are_the_generators_output_and_every_expression_parses(tmp_pa
     on_disk = {p.name: p.read_text() for p in (CHART / "files" / "dashboards").glob("*.json")}
     assert on_disk == files, "regenerate: python -m mutualrl.app.dashboards"
     assert len(files) == 6
-    rules = {"groups": [{"name": "panels", "rules": [{"record": f"panel:{i}", "expr": e} for i, (_, e) in enumerate(all_exprs())]}]}
+    rules = {"groups": [{"name": "panels",
+                         "rules": [{"record": f"panel:{i}", "expr": e} for i, (_, e) in enumerate(all_exprs())]}]}
     (tmp_path / "panels.yml").write_text(yaml.safe_dump(rules))
-    p = subprocess.run([tool("promtool"), "check", "rules", str(tmp_path / "panels.yml")], capture_output=True, text=True)
+    p = subprocess.run([tool("promtool"), "check", "rules", str(tmp_path / "panels.yml")], capture_output=True,
+                       text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     for text in files.values():
         d = json.loads(text)
@@ -176,7 +193,8 @@ def test_readme_deploy_commands_are_the_tested_ones():
     readme = (ROOT / "README.md").read_text()
     compose = readme.split("## Run with docker-compose")[1].split("## Install on Kubernetes")[0]
     helm = readme.split("## Install on Kubernetes")[1].split("\n## ")[0]
-    assert "deploy/compose/env.example" in compose and "mutualrl compose deploy/compose/experiment.yaml deploy/compose/experiment-gpu.yaml" in compose
+    assert "deploy/compose/env.example" in compose
+    assert "mutualrl compose deploy/compose/experiment.yaml deploy/compose/experiment-gpu.yaml" in compose
     named = {w for w in helm.split() if w.startswith("deploy/helm/mutualrl/ci/")}
     assert named and all((ROOT / w).is_file() for w in named), named
     assert named == {str(p.relative_to(ROOT)) for p in (CHART / "ci").glob("*-values.yaml")}

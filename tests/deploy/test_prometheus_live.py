@@ -71,22 +71,27 @@ def test_prometheus_scrapes_a_real_run_and_every_panel_and_alert_has_data(tmp_pa
     assert promtool and prometheus, "run `make test-deploy`, which installs Debian's prometheus"
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MUTUALRL_API_TOKEN": TOKEN}
-    up = subprocess.Popen([sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(out),
-                           "--set", "budget.steps=40", "--set", "eval.every=2", "--set", "eval.size=32", "--set", "sharing.mode=sgt"],
+    up = subprocess.Popen([sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"),
+                           "--out", str(out),
+                           "--set", "budget.steps=40", "--set", "eval.every=2", "--set", "eval.size=32", "--set",
+                           "sharing.mode=sgt"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     ctl_port, prom_port = _port(), _port()
-    ctl = subprocess.Popen([sys.executable, "-m", "mutualrl.app.cli", "controller", "--host", "127.0.0.1", "--port", str(ctl_port), "--backend", "memory",
+    ctl = subprocess.Popen([sys.executable, "-m", "mutualrl.app.cli", "controller", "--host", "127.0.0.1", "--port",
+                            str(ctl_port), "--backend", "memory",
                             "--gpus", "16"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     prom = None
     try:
         base = f"http://127.0.0.1:{ctl_port}"
         _wait(lambda: _get(base + "/healthz"), 60, "the controller")
-        exp = json.loads(_get(base + "/v1/experiments", TOKEN, json.dumps({"config_yaml": (ROOT / "examples" / "mwra" / "two-policies-gpu.yaml").read_text()}).encode()))
+        body = json.dumps({"config_yaml": (ROOT / "examples" / "mwra" / "two-policies-gpu.yaml").read_text()}).encode()
+        exp = json.loads(_get(base + "/v1/experiments", TOKEN, body))
         for policy in exp["policies"]:
             for role, stage in (("rollout", "generate"), ("learner", "train")):
                 body = {"policy": policy, "role": role, "step": 1, "stage_seconds": {stage: 30.0}}
                 _get(f"{base}/v1/experiments/{exp['id']}/steps", TOKEN, json.dumps(body).encode())
-        services = _wait(lambda: json.loads((out / "services.json").read_text()) if (out / "services.json").is_file() else None, 600, "services.json")
+        info = out / "services.json"
+        services = _wait(lambda: json.loads(info.read_text()) if info.is_file() else None, 600, "services.json")
         targets = [svc["ops"].removeprefix("http://") for svc in services["services"].values()]
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -94,8 +99,10 @@ def test_prometheus_scrapes_a_real_run_and_every_panel_and_alert_has_data(tmp_pa
             "scrape_configs": [{"job_name": "mutualrl", "static_configs": [{"targets": targets}]},
                                {"job_name": "controller", "static_configs": [{"targets": [f"127.0.0.1:{ctl_port}"]}]}],
         }))
-        prom = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        prom = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
         api = f"http://127.0.0.1:{prom_port}/api/v1"
 
         def query(q: str) -> list:
@@ -110,7 +117,8 @@ def test_prometheus_scrapes_a_real_run_and_every_panel_and_alert_has_data(tmp_pa
         missing = {m: where for m, where in _expected_metrics().items() if not query(m)}
         assert not missing, f"metrics used by dashboards/alerts with no data: {missing}"
         targets_up = json.loads(_get(f"{api}/targets"))["data"]["activeTargets"]
-        assert len(targets_up) == 5 and all(t["health"] == "up" for t in targets_up), [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in targets_up]
+        assert len(targets_up) == 5 and all(t["health"] == "up" for t in targets_up), [(t["scrapeUrl"], t["health"],
+            t.get("lastError")) for t in targets_up]
         rules = json.loads(_get(f"{api}/rules"))["data"]["groups"][0]["rules"]
         assert len(rules) == 6 and all(r["health"] == "ok" for r in rules), rules
         # the metrics themselves follow Prometheus' conventions
@@ -118,7 +126,8 @@ def test_prometheus_scrapes_a_real_run_and_every_panel_and_alert_has_data(tmp_pa
             text = _get(url)
             p = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
             assert p.returncode == 0, (url, p.stdout.decode() + p.stderr.decode())
-            names = {line.split("{")[0].split(" ")[0] for line in text.decode().splitlines() if line and not line.startswith("#")}
+            samples = [line for line in text.decode().splitlines() if line and not line.startswith("#")]
+            names = {line.split("{")[0].split(" ")[0] for line in samples}
             ours = {n for n in names if n.startswith("mutualrl_")}
             assert ours and all(n == n.lower() for n in ours)
             assert not [n for n in ours if "_ids" in n or n.endswith("_id")]

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_config_short_run(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "mutualrl.app.cli", "run", str(ROOT / "examples" / "demo.yaml"),
-           "--set", "budget.steps=4", "--set", "budget.prompts_per_step=16", "--set", "eval.every=2", "--set", "eval.size=64", "--out", str(out)]
+           "--set", "budget.steps=4", "--set", "budget.prompts_per_step=16", "--set", "eval.every=2", "--set",
+           "eval.size=64", "--out", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
 
@@ -23,8 +24,10 @@ def test_demo_config_short_run(tmp_path):
         assert (out / name).is_file(), name
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("phase") != "warm_start"]
-    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1, 5)}
-    required = {"step", "policy", "rollouts", "reward_mean", "loss", "kl", "clip_frac", "shared_in", "shared_out", "thl_residual", "step_s"}
+    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1,
+        5)}
+    required = {"step", "policy", "rollouts", "reward_mean", "loss", "kl", "clip_frac", "shared_in", "shared_out",
+                "thl_residual", "step_s"}
     for r in steps:
         assert required <= r.keys()
         assert all(v is not None for k, v in r.items() if k in required)

@@ -27,7 +27,8 @@ def test_a_weak_learner_at_the_omega_clip_keeps_its_accuracy(tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, (result.output[-3000:], result.exception)
     records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    weak = [r for r in records if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start" and r.get("omega_mean") is not None]
+    weak = [r for r in records
+            if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start" and r.get("omega_mean") is not None]
     assert len(weak) == 20
     omegas = sorted(r["omega_mean"] for r in weak)
     assert omegas[len(omegas) // 2] >= 8.0, omegas  # the peer's rows weigh at (or next to) the clip of 10

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(out: Path, *sets: str) -> list[dict]:
-    args = ["run", str(ROOT / "examples" / "demo.yaml"), "--out", str(out), "--set", "budget.steps=3", "--set", "eval.every=3", "--set", "eval.size=32"]
+    args = ["run", str(ROOT / "examples" / "demo.yaml"), "--out", str(out), "--set", "budget.steps=3", "--set",
+            "eval.every=3", "--set", "eval.size=32"]
     for s in sets:
         args += ["--set", s]
     result = CliRunner().invoke(app, args)
@@ -37,7 +38,10 @@ def test_redis_backend_trains_like_the_in_process_backend(tmp_path, redis_server
 def test_unreachable_redis_is_a_clear_error(tmp_path):
     from mutualrl.see.server import free_port
 
-    result = CliRunner().invoke(app, ["run", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path), "--set", "broker.backend=redis",
-                                      "--set", f"broker.url=redis://127.0.0.1:{free_port()}/0", "--set", "budget.steps=1"])
+    result = CliRunner().invoke(app,
+                                ["run", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path), "--set",
+                                 "broker.backend=redis",
+                                 "--set", f"broker.url=redis://127.0.0.1:{free_port()}/0", "--set",
+                                 "budget.steps=1"])
     assert result.exit_code == 2
     assert "cannot reach Redis" in result.output

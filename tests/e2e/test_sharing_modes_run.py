@@ -32,7 +32,8 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_mode_trains_five_steps(case, tmp_path):
     mode = case.split("-")[0]
-    sets = [f"sharing.mode={mode}", "budget.steps=5", "budget.prompts_per_step=16", "eval.every=5", "eval.size=32", *CASES[case]]
+    sets = [f"sharing.mode={mode}", "budget.steps=5", "budget.prompts_per_step=16", "eval.every=5", "eval.size=32",
+            *CASES[case]]
     args = ["run", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / case)]
     for s in sets:
         args += ["--set", s]

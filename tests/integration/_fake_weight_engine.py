@@ -53,12 +53,14 @@ def _sglang(path: str, body: dict) -> tuple[int, dict]:
         need = {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
         if not need <= body.keys() or body["rank_offset"] != 1 or body["world_size"] != 2:
             return 400, {"success": False, "message": f"bad init body {body}"}
-        state["group"] = named_torch_group(body["master_address"], body["master_port"], 1, body["world_size"], body["backend"], body["group_name"], 60)
+        state["group"] = named_torch_group(body["master_address"], body["master_port"], 1, body["world_size"],
+                                           body["backend"], body["group_name"], 60)
         return 200, {"success": True, "message": "joined"}
     if path == "/update_weights_from_distributed":
         if state["group"] is None or not state["paused"]:
             return 400, {"success": False, "message": "no group" if state["group"] is None else "not paused"}
-        if body.get("group_name") != "weight_update_group" or not body.get("flush_cache") or "weight_version" not in body:
+        if (body.get("group_name") != "weight_update_group" or not body.get("flush_cache")
+            or "weight_version" not in body):
             return 400, {"success": False, "message": f"bad update body {sorted(body)}"}
         got = _receive(body["names"], body["dtypes"], body["shapes"])
         state["received"], state["version"] = tensor_checksum(got), body["weight_version"]

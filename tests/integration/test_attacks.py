@@ -24,8 +24,10 @@ def test_a_foreign_producer_on_a_policys_own_stream_is_dead_lettered(arithmetic_
     _own_all_fail(ex, arts, problems)
     tok = arts.tokenizer
     ids = tok("46", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    forged = ex.codec.wrap_encoded(pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, prompt_token_ids=tok(problems[0].prompt)["input_ids"],
-                                              token_ids=ids, logprobs=[-0.1] * len(ids), reward=1.0, step=1, sample_index=99, group_size=8), "mallory")[1]
+    forged = ex.codec.wrap_encoded(pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt,
+                                              prompt_token_ids=tok(problems[0].prompt)["input_ids"],
+                                              token_ids=ids, logprobs=[-0.1] * len(ids), reward=1.0, step=1,
+                                              sample_index=99, group_size=8), "mallory")[1]
     ex.broker.publish("mutualrl:it:rollout:a", forged)  # onto a's own stream
     rec = learner.train_step(1, problems)
     assert learner.own.counts["dead_letter:wrong_producer"] == 1
@@ -49,12 +51,16 @@ def test_forged_own_rewards_are_rescored_and_bad_rows_refused(arithmetic_task):
         (wrong, 0.0, "not-this-steps-prompt"),
     ]
     for i, (ids, reward, pid) in enumerate(rows):
-        ex.publish(pb.Rollout(prompt_id=pid, prompt_text=p.prompt, prompt_token_ids=prompt, token_ids=ids, logprobs=[-0.5] * len(ids),
+        ex.publish(pb.Rollout(prompt_id=pid, prompt_text=p.prompt, prompt_token_ids=prompt, token_ids=ids,
+                              logprobs=[-0.5] * len(ids),
                               reward=reward, step=1, sample_index=i, group_size=8), "a")
     rec = learner.train_step(1, [p])  # no IndexError, no crash
     assert rec["reward_mean"] == 0.0  # the claimed success is trained on as the failure it is
     t = learner.totals
-    assert t["own_rescored"] == 1 and t["own_rejected:too_long"] == 1 and t["own_rejected:bad_token"] == 1 and t["own_rejected:unknown_prompt"] == 1
+    assert t["own_rescored"] == 1
+    assert t["own_rejected:too_long"] == 1
+    assert t["own_rejected:bad_token"] == 1
+    assert t["own_rejected:unknown_prompt"] == 1
     assert learner.own.pending() == 0  # refused ones are consumed, not re-delivered forever
 
 
@@ -83,12 +89,16 @@ def test_a_lying_peer_is_quarantined_and_its_rows_never_reach_a_loss(arithmetic_
         for p in problems:  # every claim false: wrong answers announced as successes
             ids = b_tok("7", add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
             for i in range(4):
-                ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text="7", token_ids=ids, logprobs=[-0.5] * len(ids),
-                                      reward=1.0, step=step, sample_index=i, group_size=4, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
+                ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text="7", token_ids=ids,
+                                      logprobs=[-0.5] * len(ids),
+                                      reward=1.0, step=step, sample_index=i, group_size=4, finish_reason="stop",
+                                      tokenizer_fingerprint=b_fp), "b")
         rec = a_learner.train_step(step, problems)
         if quarantined_at is None and rec["peers_quarantined"]:
             quarantined_at = step
-            assert rec["reputation_events"][0]["peer"] == "b" and rec["peer_rows"] == 0 and rec["peer_rejected"]["quarantined"] == 8
+            assert rec["reputation_events"][0]["peer"] == "b"
+            assert rec["peer_rows"] == 0
+            assert rec["peer_rejected"]["quarantined"] == 8
     assert quarantined_at is not None and quarantined_at <= 3
     assert a_learner.totals["peer_quarantined"] == 1
 

@@ -18,7 +18,8 @@ QUICK = ["policies.0.warm_start.enabled=false", "policies.1.warm_start.enabled=f
 
 def _spec(tmp_path: Path, steps: int) -> Path:
     entries = {"grpo": ["sharing.mode=none", *QUICK], "sgt": ["sharing.mode=sgt", *QUICK]}
-    lines = [f"name: ctrlc\nbaseline: grpo\nseeds: [0, 1]\nsteps: {steps}\npairs: {{demo: {ROOT / 'examples' / 'demo.yaml'}}}\nentries:"]
+    lines = [f"name: ctrlc\nbaseline: grpo\nseeds: [0, 1]\nsteps: {steps}\npairs: {{demo: "
+             f"{ROOT / 'examples' / 'demo.yaml'}}}\nentries:"]
     lines += [f"  {k}: [{', '.join(repr(x) for x in v)}]" for k, v in entries.items()]
     (tmp_path / "spec.yaml").write_text("\n".join(lines) + "\n")
     return tmp_path / "spec.yaml"
@@ -34,7 +35,8 @@ def _group_alive(pgid: int) -> bool:
 
 def test_one_ctrl_c_stops_every_run_and_keeps_the_finished_ones_with_piped_progress(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "mutualrl.app.cli", "compare", str(_spec(tmp_path, steps=4)), "--out", str(out), "--jobs", "2"]
+    cmd = [sys.executable, "-m", "mutualrl.app.cli", "compare", str(_spec(tmp_path, steps=4)), "--out", str(out),
+           "--jobs", "2"]
     # its own process group, as a shell gives a job: a terminal's Ctrl-C reaches every process in it
     # and Ctrl-C handled as at a terminal, even when this test runs as a background job (a shell
     # starts those with SIGINT ignored, and a child inherits that)
@@ -91,7 +93,8 @@ def _warm(cache: str, queue) -> None:
     ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
     model = build_model("llama", len(tok), ModelShape(32, 1, 2, 64, 32), ids, seed=0)
     cfg = WarmStartConfig(max_steps=40, target_accuracy=1.0, check_every=20, batch_size=8, eval_size=8)
-    res = warm_start(model, tok, task.train, build_verifier(None, task), cfg, source="same-start", task_fingerprint=task.fingerprint(),
+    res = warm_start(model, tok, task.train, build_verifier(None, task), cfg, source="same-start",
+                     task_fingerprint=task.fingerprint(),
                      seed=0, max_new_tokens=3, cache_dir=Path(cache))
     queue.put(res.cached)
 

@@ -19,10 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(out: Path, steps: int, every: int, faults: str) -> str:
     cmd = [sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(out)]
-    for s in (f"budget.steps={steps}", "eval.every=100", "eval.size=16", "sharing.mode=sgt", "launcher.peer_deadline_s=10",
+    for s in (f"budget.steps={steps}", "eval.every=100", "eval.size=16", "sharing.mode=sgt",
+              "launcher.peer_deadline_s=10",
               f"checkpoint.every={every}", "launcher.max_restarts=6", "budget.prompts_per_step=8"):
         cmd += ["--set", s]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MUTUALRL_FAULT": ",".join(f"llama-char/{f}" for f in faults.split(","))}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "MUTUALRL_FAULT": ",".join(f"llama-char/{f}" for f in faults.split(","))}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     return p.stdout

@@ -40,7 +40,8 @@ def fake_engine():
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"embed.weight": torch.randn(12, 4, generator=g), "norm.weight": torch.randn(4, generator=g).to(torch.bfloat16)}
+    return {"embed.weight": torch.randn(12, 4, generator=g),
+            "norm.weight": torch.randn(4, generator=g).to(torch.bfloat16)}
 
 
 def _join(make_sender, join) -> CollectiveSender:
@@ -83,16 +84,19 @@ def test_sglang_takes_the_learners_broadcast_through_its_distributed_update_rout
     eng = SGLangServerEngine(url, "m", eos_id=2).probe()
     assert eng.weight_receivers() == 1
     port = free_port()
-    sender = _join(lambda: learner_sender("sglang", "127.0.0.1", port, 1, "gloo", 60), lambda: eng.join_weight_group("127.0.0.1", port, 2, backend="gloo"))
+    sender = _join(lambda: learner_sender("sglang", "127.0.0.1", port, 1, "gloo", 60),
+                   lambda: eng.join_weight_group("127.0.0.1", port, 2, backend="gloo"))
     for version in (1, 2):
         state = _state(version)
         uri, checksum = _publish(sender, eng, version, state)
         seen = _server_state(url)
-        assert uri == f"collective://p/{version}" and seen["received"] == checksum == tensor_checksum(state) and seen["version"] == str(version)
+        assert uri == f"collective://p/{version}"
+        assert seen["received"] == checksum == tensor_checksum(state)
+        assert seen["version"] == str(version)
         assert eng.info().weights_version == version
     calls = seen["calls"]
-    assert calls[calls.index("/init_weights_update_group"):] == ["/init_weights_update_group"] + ["/pause_generation", "/update_weights_from_distributed",
-                                                                                                    "/continue_generation"] * 2
+    per_version = ["/pause_generation", "/update_weights_from_distributed", "/continue_generation"]
+    assert calls[calls.index("/init_weights_update_group"):] == ["/init_weights_update_group"] + per_version * 2
     with pytest.raises(ValueError, match="not newer"):  # refused before any route is called
         eng.update_weights(2, "collective://p/2", None, TensorManifest.of(_state(2)))
     with pytest.raises(ValueError, match="manifest"):
@@ -106,16 +110,20 @@ def test_vllm_takes_the_learners_broadcast_through_its_weight_transfer_routes(fa
     eng = VLLMServerEngine(url, "m", eos_id=2).probe()
     assert eng.weight_receivers() == 1
     port = free_port()
-    # the learner's side of vLLM's group is vLLM's own PyNccl (GPU only); a gloo group with the same wire stands in for it
-    sender = _join(lambda: CollectiveSender(lambda v, g=GroupChannel(weight_group("127.0.0.1", port, 0, 2, "gloo", 60)): g),
+    # the learner's side of vLLM's group is vLLM's own PyNccl (GPU only); a gloo group with the same wire stands in for
+    # it
+    sender = _join(lambda: CollectiveSender(lambda v, g=GroupChannel(weight_group("127.0.0.1", port, 0, 2, "gloo",
+        60)): g),
                    lambda: eng.join_weight_group("127.0.0.1", port, 2))
     state = _state(7)
     _, checksum = _publish(sender, eng, 1, state)
     seen = _server_state(url)
     assert seen["received"] == checksum == tensor_checksum(state) and eng.info().weights_version == 1
-    steps = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache", "/resume"]
+    steps = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache",
+             "/resume"]
     if not four_phase:
-        steps = ["/pause", "/update_weights", "/reset_prefix_cache", "/resume"]  # before 0.22: no start/finish, and no weight versions
+        # before 0.22: no start/finish, and no weight versions
+        steps = ["/pause", "/update_weights", "/reset_prefix_cache", "/resume"]
     assert seen["calls"][seen["calls"].index("/init_weight_transfer_engine") + 1:] == steps
     if four_phase:
         assert seen["version"] == "1"  # published by finish_weight_update, only after the update succeeded

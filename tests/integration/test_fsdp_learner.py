@@ -42,7 +42,8 @@ def _task():
 
 def _policy(family: str, kind: str):
     task = _task()
-    return load_policy(family=family, shape=SHAPE, tokenizer_kind=kind, corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=3)
+    return load_policy(family=family, shape=SHAPE, tokenizer_kind=kind, corpus=task.corpus,
+                       corpus_fingerprint=task.fingerprint(), seed=3)
 
 
 def _problems(step: int):
@@ -53,8 +54,10 @@ def _rollouts(family: str, kind: str) -> list[list[bytes]]:
     """Every step's rollouts, sampled once from the initial policy, so both learners see the same."""
     arts = _policy(family, kind)
     ex = ExperienceExchange(InProcessBroker(), "mutualrl:gen")
-    eng = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=WeightStore())
-    worker = RolloutWorker("a", eng, arts.tokenizer, _EvenLength(), ex, fingerprint=arts.fingerprint, sampling=SamplingSpec(n=8, max_new_tokens=4))
+    eng = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id,
+                   store=WeightStore())
+    worker = RolloutWorker("a", eng, arts.tokenizer, _EvenLength(), ex, fingerprint=arts.fingerprint,
+                           sampling=SamplingSpec(n=8, max_new_tokens=4))
     spy = ex.subscribe("spy", ["rollout"], ["a"])
     out = []
     for step in range(1, STEPS + 1):
@@ -63,7 +66,8 @@ def _rollouts(family: str, kind: str) -> list[list[bytes]]:
     return out
 
 
-def _train(rank: int, world: int, port: int, family: str, kind: str, rollouts: list[list[bytes]], result: dict | None = None, path=None) -> tuple:
+def _train(rank: int, world: int, port: int, family: str, kind: str, rollouts: list[list[bytes]],
+           result: dict | None = None, path=None) -> tuple:
     torch.manual_seed(0)
     arts = _policy(family, kind)
     model = arts.model
@@ -75,9 +79,11 @@ def _train(rank: int, world: int, port: int, family: str, kind: str, rollouts: l
         ex = ExperienceExchange(InProcessBroker(), "mutualrl:fsdp")
         reg = TokenizerRegistry()
         reg.register(arts.fingerprint, arts.tokenizer)
-        settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(minibatch_rows=32), sharing=SharingConfig(mode="none"),
+        settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(minibatch_rows=32),
+                                   sharing=SharingConfig(mode="none"),
                                    optim=OptimConfig(lr=1e-2), peer_deadline_s=2.0)
-        learner = Learner("a", model, arts.tokenizer, ex, PeerIntake(arts.tokenizer, _EvenLength(), reg, ThlBudget()), WeightStore(), settings, peers=[])
+        learner = Learner("a", model, arts.tokenizer, ex, PeerIntake(arts.tokenizer, _EvenLength(), reg, ThlBudget()),
+                          WeightStore(), settings, peers=[])
         assert learner.sharded == (world > 1)
         if world > 1:  # each rank holds half of every sharded parameter
             w = next(p for p in model.parameters() if p.dim() == 2)
@@ -101,7 +107,8 @@ def _rank_main(rank: int, world: int, port: int, family: str, kind: str, rollout
     import os
 
     _train(rank, world, port, family, kind, rollouts, path=path)
-    os._exit(0)  # done and the group destroyed: skip interpreter teardown, where gloo's threads once aborted a rank under load
+    # done and the group destroyed: skip interpreter teardown, where gloo's threads once aborted a rank under load
+    os._exit(0)
 
 
 @pytest.mark.parametrize("family,kind", [("llama", "char"), ("gpt2", "bpe")])
@@ -110,7 +117,8 @@ def test_two_rank_fsdp_learner_matches_one_rank(family, kind, tmp_path):
     assert all(len(r) == 64 for r in rollouts)
     one_losses, one_state = _train(0, 1, 0, family, kind, rollouts)
     assert len(transformer_blocks(_policy(family, kind).model)) == SHAPE.num_layers
-    mp.start_processes(_rank_main, args=(2, free_port(), family, kind, rollouts, tmp_path / "two.pt"), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank_main, args=(2, free_port(), family, kind, rollouts, tmp_path / "two.pt"), nprocs=2,
+                       start_method="spawn")
     two = torch.load(tmp_path / "two.pt", weights_only=False)
     for (l1, g1, u1), (l2, g2, u2) in zip(one_losses, two["losses"]):
         assert u1 == u2 == 2

@@ -15,7 +15,8 @@ from mutualrl.services.rollout.http_engines import EngineUnavailable, SGLangServ
 from mutualrl.weights import WeightStore
 
 EOS = 2
-VLLM_SAMPLING_KEYS = {"model", "prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "return_token_ids"}
+VLLM_SAMPLING_KEYS = {"model", "prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+                      "logprobs", "return_token_ids"}
 SGLANG_SAMPLING_KEYS = {"n", "max_new_tokens", "temperature", "top_p", "top_k", "min_p"}
 
 
@@ -49,8 +50,10 @@ def _vllm_routes(dev_mode=True):
         for i, _ in enumerate(body["prompt"]):
             for j in range(body["n"]):
                 ids = [10 + i, 20 + j, EOS] if j % 2 == 0 else [10 + i, 20 + j, 30]
-                choices.append({"index": len(choices), "token_ids": ids, "finish_reason": "stop" if j % 2 == 0 else "length",
-                                "logprobs": {"token_logprobs": [-0.1, -0.2, -0.3], "tokens": [f"token_id:{t}" for t in ids]}})
+                choices.append({"index": len(choices), "token_ids": ids,
+                                "finish_reason": "stop" if j % 2 == 0 else "length",
+                                "logprobs": {"token_logprobs": [-0.1, -0.2, -0.3],
+                                             "tokens": [f"token_id:{t}" for t in ids]}})
         return 200, {"choices": list(reversed(choices))}  # order must come from `index`
 
     routes = {
@@ -63,7 +66,9 @@ def _vllm_routes(dev_mode=True):
         routes.update({
             ("GET", "/is_paused"): lambda b, q: (200, {"is_paused": False}),
             ("POST", "/pause"): lambda b, q: (200, {"status": "paused"}) if q.get("mode") == ["keep"] else (400, {}),
-            ("POST", "/collective_rpc"): lambda b, q: (200, {"results": [None]}) if b.get("method") == "reload_weights" and b["kwargs"]["weights_path"] else (400, {}),
+            ("POST", "/collective_rpc"): lambda b, q: (
+                (200, {"results": [None]}) if b.get("method") == "reload_weights" and b["kwargs"]["weights_path"]
+                else (400, {})),
             ("POST", "/reset_prefix_cache"): lambda b, q: (200, {"success": True}),
             ("POST", "/update_weight_version"): lambda b, q: (200, {}),
             ("POST", "/resume"): lambda b, q: (200, {}),
@@ -79,13 +84,17 @@ def _sglang_routes():
         out = []
         for k, ids in enumerate(body["input_ids"]):
             toks = [100 + k, EOS]
-            out.append({"text": "", "output_ids": toks, "meta_info": {"output_token_logprobs": [[-0.5, t, None] for t in toks], "finish_reason": {"type": "stop"}}})
+            out.append({"text": "", "output_ids": toks,
+                        "meta_info": {"output_token_logprobs": [[-0.5, t, None] for t in toks],
+                                      "finish_reason": {"type": "stop"}}})
         return 200, out
 
     def from_disk(body, q):
         import os
 
-        ok = os.path.isfile(os.path.join(body["model_path"], "config.json")) and os.path.isfile(os.path.join(body["model_path"], "model.safetensors"))
+        ok = os.path.isfile(os.path.join(body["model_path"],
+                                         "config.json")) and os.path.isfile(os.path.join(body["model_path"],
+            "model.safetensors"))
         return 200, {"success": ok, "message": "ok" if ok else "not a checkpoint"}
 
     return {
@@ -116,7 +125,8 @@ def test_vllm_generate_sends_every_sampling_field_and_groups_prompt_major():
         info = eng.info()
         assert (info.engine, info.engine_version, info.weights_version) == ("vllm", "0.33.0", 0)
         groups = eng.generate([[1, 2], [3]], SamplingSpec(n=2, max_new_tokens=3, temperature=1.0, seed=5))
-        assert [[s.token_ids for s in g] for g in groups] == [[[10, 20, EOS], [10, 21, 30]], [[11, 20, EOS], [11, 21, 30]]]
+        assert [[s.token_ids for s in g] for g in groups] == [[[10, 20, EOS], [10, 21, 30]],
+            [[11, 20, EOS], [11, 21, 30]]]
         assert groups[0][0].finish_reason == "stop" and groups[0][1].finish_reason == "length"
         assert groups[1][1].logprobs == pytest.approx([-0.1, -0.2, -0.3])
         sent = next(b for m, p, b in fake.calls if p == "/v1/completions")
@@ -201,7 +211,8 @@ def test_run_with_an_absent_engine_server_fails_fast_with_one_line(tmp_path):
     from mutualrl.see.server import free_port
 
     demo = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
-    result = CliRunner().invoke(app, ["run", str(demo), "--out", str(tmp_path), "--set", "policies.0.engine.backend=vllm",
-                                      "--set", f"policies.0.engine.url=http://127.0.0.1:{free_port()}"])
+    result = CliRunner().invoke(app,
+                                ["run", str(demo), "--out", str(tmp_path), "--set", "policies.0.engine.backend=vllm",
+                                 "--set", f"policies.0.engine.url=http://127.0.0.1:{free_port()}"])
     assert result.exit_code == 2
     assert "llama-char" in result.output and "no vLLM server" in result.output

@@ -33,7 +33,8 @@ class _Oracle(ExactMatchVerifier):
 
 
 def _policy(name, family, kind, task, seed):
-    return load_policy(family=family, shape=SHAPE, tokenizer_kind=kind, corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=seed)
+    return load_policy(family=family, shape=SHAPE, tokenizer_kind=kind, corpus=task.corpus,
+                       corpus_fingerprint=task.fingerprint(), seed=seed)
 
 
 def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0):
@@ -48,10 +49,13 @@ def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0):
     for name, arts in pols.items():
         verifier = _Oracle()
         eng = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store)
-        worker = RolloutWorker(name, eng, arts.tokenizer, verifier, ex, fingerprint=arts.fingerprint, sampling=SamplingSpec(n=8, max_new_tokens=4))
+        worker = RolloutWorker(name, eng, arts.tokenizer, verifier, ex, fingerprint=arts.fingerprint,
+                               sampling=SamplingSpec(n=8, max_new_tokens=4))
         intake = PeerIntake(arts.tokenizer, verifier, reg, ThlBudget())
-        settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=sharing, optim=OptimConfig(lr=lr, warmup_steps=warmup_steps), peer_deadline_s=2.0)
-        learner = Learner(name, arts.model, arts.tokenizer, ex, intake, store, settings, peers=[n for n in pols if n != name])
+        settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=sharing,
+                                   optim=OptimConfig(lr=lr, warmup_steps=warmup_steps), peer_deadline_s=2.0)
+        learner = Learner(name, arts.model, arts.tokenizer, ex, intake, store, settings,
+                          peers=[n for n in pols if n != name])
         out[name] = (arts, eng, worker, learner)
     return ex, store, out
 
@@ -75,7 +79,8 @@ def test_grpo_step_raises_logprob_of_rewarded_completions(arithmetic_task):
         by_group.setdefault(r.prompt_id, []).append(r)
     mixed = [r for g in by_group.values() if 0 < sum(x.reward for x in g) < len(g) for r in g]
     assert mixed, "need at least one group with mixed rewards"
-    new_lp, mask = sequence_logprobs(arts.model, [list(r.prompt_token_ids) for r in mixed], [list(r.token_ids) for r in mixed], pad_id=arts.tokenizer.pad_token_id)
+    new_lp, mask = sequence_logprobs(arts.model, [list(r.prompt_token_ids) for r in mixed],
+                                     [list(r.token_ids) for r in mixed], pad_id=arts.tokenizer.pad_token_id)
     new_seq = (new_lp * mask).sum(-1)
     old_seq = torch.tensor([sum(r.logprobs) for r in mixed])
     delta = new_seq.detach() - old_seq
@@ -101,13 +106,15 @@ def test_sgt_rescues_cross_tokenizers_and_rejects_false_claims(arithmetic_task):
         ids = tok(p.prompt)["input_ids"]
         comp = tok("0", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         for i in range(8):
-            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, prompt_token_ids=ids, token_ids=comp, logprobs=[-1.0] * len(comp), reward=0.0, step=1, sample_index=i, group_size=8), "a")
+            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, prompt_token_ids=ids, token_ids=comp,
+                                  logprobs=[-1.0] * len(comp), reward=0.0, step=1, sample_index=i, group_size=8), "a")
     # peer "b" (BPE vocabulary) claims one true success and one false one
     b_tok = pols["b"][0].tokenizer
     b_fp = pols["b"][0].fingerprint
     for p, claim in ((problems[0], "46"), (problems[1], "11")):
         ids = b_tok(claim, add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
-        ex.publish(pb.VerifiedSuccess(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=claim, token_ids=ids, logprobs=[-0.5] * len(ids), reward=1.0, step=1, tokenizer_fingerprint=b_fp), "b")
+        ex.publish(pb.VerifiedSuccess(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=claim, token_ids=ids,
+                                      logprobs=[-0.5] * len(ids), reward=1.0, step=1, tokenizer_fingerprint=b_fp), "b")
     a_learner.intake.verifier = ExactMatchVerifier()  # the receiver's own exact verifier re-checks claims
     rec = a_learner.train_step(1, problems)
     assert rec["rescue_count"] == 1
@@ -138,7 +145,8 @@ def _own_all_fail(ex, arts, problems, step=1):
         with torch.no_grad():
             lp, _ = sequence_logprobs(arts.model, [ids], [comp], pad_id=tok.pad_token_id)
         for i in range(8):
-            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, prompt_token_ids=ids, token_ids=comp, logprobs=lp[0].tolist(),
+            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, prompt_token_ids=ids, token_ids=comp,
+                                  logprobs=lp[0].tolist(),
                                   reward=0.0, step=step, sample_index=i, group_size=8, finish_reason="stop"), "a")
 
 
@@ -154,13 +162,19 @@ def test_peer_rollouts_are_converted_reverified_and_bad_ones_counted(arithmetic_
         for i in range(8):
             text = p.answer if i == 0 else "7"
             ids = b_tok(text, add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
-            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=text, token_ids=ids, logprobs=[-0.7] * len(ids),
-                                  reward=1.0 if i == 0 else 0.0, step=1, sample_index=i, group_size=8, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
+            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=text, token_ids=ids,
+                                  logprobs=[-0.7] * len(ids),
+                                  reward=1.0 if i == 0 else 0.0, step=1, sample_index=i, group_size=8,
+                                  finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
     bad = [
-        pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, completion_text="99", token_ids=b_tok("99", add_special_tokens=False)["input_ids"],
-                   logprobs=[-0.1], reward=1.0, step=1, sample_index=9, group_size=8, tokenizer_fingerprint=b_fp),  # ids and log-probs differ in length
-        pb.Rollout(prompt_id="nope", prompt_text="1+1=", completion_text="2", token_ids=[5], logprobs=[-0.1], reward=1.0, step=1, tokenizer_fingerprint=b_fp),
-        pb.Rollout(prompt_id=problems[1].prompt_id, prompt_text=problems[1].prompt, completion_text="10", token_ids=[5], logprobs=[-0.1], reward=1.0, step=1, tokenizer_fingerprint="unknown-vocab"),
+        pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, completion_text="99",
+                   token_ids=b_tok("99", add_special_tokens=False)["input_ids"],
+                   logprobs=[-0.1], reward=1.0, step=1, sample_index=9, group_size=8, tokenizer_fingerprint=b_fp),
+                   # ids and log-probs differ in length
+        pb.Rollout(prompt_id="nope", prompt_text="1+1=", completion_text="2", token_ids=[5], logprobs=[-0.1],
+                   reward=1.0, step=1, tokenizer_fingerprint=b_fp),
+        pb.Rollout(prompt_id=problems[1].prompt_id, prompt_text=problems[1].prompt, completion_text="10", token_ids=[5],
+                   logprobs=[-0.1], reward=1.0, step=1, tokenizer_fingerprint="unknown-vocab"),
     ]
     for m in bad:
         ex.publish(m, "b")
@@ -185,8 +199,10 @@ def test_forged_peer_reward_is_rescored_by_the_receiver(arithmetic_task):
     _own_all_fail(ex, a_arts, problems)
     b_tok, b_fp = pols["b"][0].tokenizer, pols["b"][0].fingerprint
     ids = b_tok("45", add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
-    ex.publish(pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, completion_text="45", token_ids=ids, logprobs=[-0.5] * len(ids),
-                          reward=1.0, step=1, sample_index=0, group_size=1, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
+    ex.publish(pb.Rollout(prompt_id=problems[0].prompt_id, prompt_text=problems[0].prompt, completion_text="45",
+                          token_ids=ids, logprobs=[-0.5] * len(ids),
+                          reward=1.0, step=1, sample_index=0, group_size=1, finish_reason="stop",
+                          tokenizer_fingerprint=b_fp), "b")
     intake = a_learner.intake.rollouts([r for r in a_learner.peer_sub.poll()], 1, {p.prompt_id: p for p in problems})
     assert intake.rejected == {} and intake.rescored == 1  # re-scored and used, not rejected
     assert [r.reward for r in intake.rows] == [0.0]  # the false success is trained on as a failure
@@ -198,8 +214,10 @@ def test_xgrpo_uses_peer_stats_and_rejects_invalid_ones(arithmetic_task):
     problems = [Problem("12+34=", "46"), Problem("5+5=", "10")]
     a_arts, _, _, a_learner = pols["a"]
     _own_all_fail(ex, a_arts, problems)
-    ex.publish(pb.AdvantageStats(prompt_id=problems[0].prompt_id, step=1, count=8, mean=0.5, std=0.53, success_rate=0.5), "b")
-    ex.publish(pb.AdvantageStats(prompt_id=problems[1].prompt_id, step=1, count=8, mean=float("nan"), std=0.1, success_rate=0.5), "b")
+    ex.publish(pb.AdvantageStats(prompt_id=problems[0].prompt_id, step=1, count=8, mean=0.5, std=0.53,
+                                 success_rate=0.5), "b")
+    ex.publish(pb.AdvantageStats(prompt_id=problems[1].prompt_id, step=1, count=8, mean=float("nan"), std=0.1,
+                                 success_rate=0.5), "b")
     rec = a_learner.train_step(1, problems)
     assert rec["shared_in"] == 1 and rec["peer_rejected"] == {"invalid_stats": 1}
     # the all-fail own group on prompt 0 got a negative advantage (GRPO would give 0): the update moved
@@ -219,7 +237,8 @@ def test_no_optimiser_step_without_gradient_signal(arithmetic_task):
     problems = arithmetic_task.train[:8]
     worker.run_step(1, problems)
     learner.train_step(1, problems)
-    worker.verifier = learner.intake.verifier = learner.own_intake.verifier = _Everything()  # the learner re-scores own rewards with its verifier
+    # the learner re-scores own rewards with its verifier
+    worker.verifier = learner.intake.verifier = _Everything()
     worker.run_step(2, problems)
     before = copy.deepcopy(arts.model.state_dict())
     rec = learner.train_step(2, problems)
@@ -246,7 +265,8 @@ class _HostReads(TorchFunctionMode):
         self.count = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("item", "tolist", "__float__") and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+        if getattr(func, "__name__", "") in ("item", "tolist", "__float__") and args and isinstance(args[0],
+                torch.Tensor) and args[0].is_floating_point():
             self.count += 1
         return func(*args, **(kwargs or {}))
 

@@ -26,7 +26,8 @@ def stack(tmp_path_factory):
     from mutualrl.tasks import build_task
 
     task = build_task("arithmetic", seed=0, min_digits=1, max_digits=2, train_size=500, eval_size=16)
-    arts = load_policy(family="llama", shape=SHAPE, tokenizer_kind="char", corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=1)
+    arts = load_policy(family="llama", shape=SHAPE, tokenizer_kind="char", corpus=task.corpus,
+                       corpus_fingerprint=task.fingerprint(), seed=1)
     store = WeightStore(tmp_path_factory.mktemp("weights"))
     engine = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store)
     servicer = RolloutServicer("a", engine, arts.tokenizer, arts.fingerprint)
@@ -41,7 +42,8 @@ def stack(tmp_path_factory):
 
 def _req(**kw):
     sampling = kw.pop("sampling", rpb.SamplingParams(n=3, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=7))
-    prompts = kw.pop("prompts", [rpb.Prompt(prompt_id="p0", text="Q: 1+2="), rpb.Prompt(prompt_id="p1", text="Q: 3+4=")])
+    prompts = kw.pop("prompts", [rpb.Prompt(prompt_id="p0", text="Q: "
+                                            "1+2="), rpb.Prompt(prompt_id="p1", text="Q: 3+4=")])
     return rpb.GenerateRequest(prompts=prompts, sampling=sampling, **kw)
 
 
@@ -55,7 +57,10 @@ def test_generate_groups_with_logprobs_and_seeded_reproducibility(stack):
             assert 1 <= len(c.token_ids) <= 4 and len(c.logprobs) == len(c.token_ids)
             assert all(lp <= 0 for lp in c.logprobs) and c.finish_reason in ("stop", "length")
     again = stub.Generate(_req(), timeout=60)
-    assert [list(c.token_ids) for g in again.groups for c in g.completions] == [list(c.token_ids) for g in resp.groups for c in g.completions]
+    def ids(r):
+        return [list(c.token_ids) for g in r.groups for c in g.completions]
+
+    assert ids(again) == ids(resp)
 
 
 @pytest.mark.parametrize(

@@ -26,22 +26,26 @@ def stack(tmp_path_factory):
     from mutualrl.tasks import build_task
 
     task = build_task("arithmetic", seed=0, min_digits=1, max_digits=2, train_size=200, eval_size=8)
-    arts = load_policy(family="llama", shape=SHAPE, tokenizer_kind="char", corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=3)
+    arts = load_policy(family="llama", shape=SHAPE, tokenizer_kind="char", corpus=task.corpus,
+                       corpus_fingerprint=task.fingerprint(), seed=3)
     store = WeightStore(tmp_path_factory.mktemp("weights"))
     engine = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store)
     announced: dict = {"v": None}
-    servicer = RolloutServicer("a", engine, arts.tokenizer, arts.fingerprint, max_context=4096, announced=lambda: announced["v"],
+    servicer = RolloutServicer("a", engine, arts.tokenizer, arts.fingerprint, max_context=4096,
+                               announced=lambda: announced["v"],
                                update_token=update_weights_token(b"run-key", "a"))
     server, port = serve(servicer)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield {"stub": rgrpc.RolloutServiceStub(channel), "arts": arts, "store": store, "announced": announced, "servicer": servicer}
+    yield {"stub": rgrpc.RolloutServiceStub(channel), "arts": arts, "store": store, "announced": announced,
+           "servicer": servicer}
     channel.close()
     server.stop(grace=None)
 
 
 def _req(n=1, max_new_tokens=4, prompts=1):
     return rpb.GenerateRequest(prompts=[rpb.Prompt(prompt_id=f"p{i}", text="Q: 1+2=") for i in range(prompts)],
-                               sampling=rpb.SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=1))
+                               sampling=rpb.SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=1.0,
+                                                           top_p=1.0, seed=1))
 
 
 def test_a_request_past_the_context_names_the_limit(stack):
@@ -70,7 +74,8 @@ def test_a_client_that_gives_up_stops_its_generation(stack):
         value = None
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not value:
-            value = servicer.registry.get_sample_value("mutualrl_rollout_requests_total", {"policy": "a", "method": "Generate", "code": "CANCELLED"})
+            value = servicer.registry.get_sample_value("mutualrl_rollout_requests_total",
+                                                       {"policy": "a", "method": "Generate", "code": "CANCELLED"})
             time.sleep(0.1)
         assert value == 1.0
     finally:
@@ -85,7 +90,8 @@ def test_update_weights_needs_the_runs_token(stack):
     uri, checksum = store.put("a", 1, {k: v + 0.0 for k, v in arts.model.state_dict().items()})
     for metadata in ((), (("authorization", "Bearer " + update_weights_token(b"another-key", "a")),)):
         with pytest.raises(grpc.RpcError) as e:
-            stub.UpdateWeights(rpb.UpdateWeightsRequest(version=1, uri=uri, checksum=checksum), timeout=30, metadata=metadata)
+            stub.UpdateWeights(rpb.UpdateWeightsRequest(version=1, uri=uri, checksum=checksum), timeout=30,
+                               metadata=metadata)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -97,12 +103,14 @@ def test_update_weights_takes_only_the_announced_version(stack):
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not announced" in e.value.details()
     announced["v"] = (1, checksum)
     with pytest.raises(grpc.RpcError) as e:  # a huge version would freeze the server on it forever
-        stub.UpdateWeights(rpb.UpdateWeightsRequest(version=10 ** 12, uri=uri, checksum=checksum), timeout=30, metadata=AUTH)
+        stub.UpdateWeights(rpb.UpdateWeightsRequest(version=10 ** 12, uri=uri, checksum=checksum), timeout=30,
+                           metadata=AUTH)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(grpc.RpcError) as e:
         stub.UpdateWeights(rpb.UpdateWeightsRequest(version=1, uri=uri, checksum="f" * 64), timeout=30, metadata=AUTH)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "checksum" in e.value.details()
-    assert stub.UpdateWeights(rpb.UpdateWeightsRequest(version=1, uri=uri, checksum=checksum), timeout=60, metadata=AUTH).version == 1
+    assert stub.UpdateWeights(rpb.UpdateWeightsRequest(version=1, uri=uri, checksum=checksum), timeout=60,
+                              metadata=AUTH).version == 1
 
 
 def test_the_grpc_port_speaks_tls_when_a_certificate_is_configured(stack, tmp_path):
@@ -114,8 +122,10 @@ def test_the_grpc_port_speaks_tls_when_a_certificate_is_configured(stack, tmp_pa
     openssl = shutil.which("openssl")
     assert openssl, "openssl is needed to make the test certificate"
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"], check=True, capture_output=True)
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"], check=True,
+                   capture_output=True)
     server, port = serve(stack["servicer"], tls=(cert.read_bytes(), key.read_bytes()))
     try:
         creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())

@@ -36,7 +36,8 @@ def test_a_service_appends_to_its_own_streams_only(server):
     assert ex.publish(pb.Rollout(prompt_id="p", step=1, token_ids=[1], logprobs=[-1.0]), "a")
     assert ex.publish(pb.Heartbeat(role="rollout", step=1), "a.rollout")
     # onto b's rollout stream, or a's learner heartbeat, or a's weights: Redis refuses
-    for payload, producer in ((pb.Rollout(prompt_id="p", step=1), "b"), (pb.Heartbeat(role="learner", step=9), "a.learner"),
+    for payload, producer in ((pb.Rollout(prompt_id="p", step=1), "b"),
+                              (pb.Heartbeat(role="learner", step=9), "a.learner"),
                               (pb.WeightsPublished(policy="a", version=99), "a")):
         with pytest.raises(redis.exceptions.NoPermissionError):
             ex.publish(payload, producer)
@@ -63,7 +64,9 @@ def test_a_service_cannot_touch_another_run_or_administer_redis(server):
 
 
 def test_the_acl_rules_name_every_stream_the_services_write():
-    assert own_streams(NS, "a", "rollout") == [f"{NS}:rollout:a", f"{NS}:verified_success:a", f"{NS}:advantage_stats:a", f"{NS}:heartbeat:a.rollout", f"{NS}:deadletter"]
-    assert own_streams(NS, "a", "learner") == [f"{NS}:weights_published:a", f"{NS}:heartbeat:a.learner", f"{NS}:deadletter"]
+    assert own_streams(NS, "a", "rollout") == [f"{NS}:rollout:a", f"{NS}:verified_success:a", f"{NS}:advantage_stats:a",
+                                               f"{NS}:heartbeat:a.rollout", f"{NS}:deadletter"]
+    assert own_streams(NS, "a", "learner") == [f"{NS}:weights_published:a", f"{NS}:heartbeat:a.learner",
+                                               f"{NS}:deadletter"]
     with pytest.raises(ValueError):
         own_streams(NS, "a", "admin")

@@ -16,14 +16,16 @@ import redis
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ["budget.steps={steps}", "budget.prompts_per_step=16", "eval.every=100", "eval.size=32", "sharing.mode=sgt", "launcher.peer_deadline_s=10"]
+BASE = ["budget.steps={steps}", "budget.prompts_per_step=16", "eval.every=100", "eval.size=32", "sharing.mode=sgt",
+        "launcher.peer_deadline_s=10"]
 
 
 def _start(out: Path, steps: int, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(out)]
     for s in [b.format(steps=steps) for b in BASE] + list(extra):
         cmd += ["--set", s]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def _health(url: str) -> dict:
@@ -45,7 +47,8 @@ def _wait(pred, timeout: float, what: str):
 
 
 def _services(out: Path) -> dict:
-    return _wait(lambda: json.loads((out / "services.json").read_text()) if (out / "services.json").is_file() else None, 300, "services.json")["services"]
+    return _wait(lambda: json.loads((out / "services.json").read_text()) if (out / "services.json").is_file() else None,
+                 300, "services.json")["services"]
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
@@ -71,19 +74,27 @@ def test_two_policies_three_steps_over_processes(tmp_path):
         # the run's Redis takes no anonymous writer, and every message is signed with a run key
         info = json.loads((out / "services.json").read_text())
         anon = redis.Redis.from_url(info["redis"], socket_timeout=5)
-        with pytest.raises((redis.exceptions.AuthenticationError, redis.exceptions.ResponseError), match="NOAUTH|NOPERM|authenticated"):
+        with pytest.raises((redis.exceptions.AuthenticationError, redis.exceptions.ResponseError),
+                           match="NOAUTH|NOPERM|authenticated"):
             anon.xadd(f"{info['namespace']}:rollout:llama-char", {"data": b"forged"})
         anon.close()
         assert "hmac_key_env: MUTUALRL_RUN_HMAC_KEY" in (out / "config.yaml").read_text()
-        _wait(lambda: all(_health(s["ops"]).get("step", 0) >= 2 for n, s in svcs.items() if s["role"] == "learner"), 300, "learners at step 2")
+        _wait(lambda: all(_health(s["ops"]).get("step", 0) >= 2 for n, s in svcs.items() if s["role"] == "learner"),
+              300, "learners at step 2")
         texts = {n: urllib.request.urlopen(s["ops"] + "/metrics", timeout=5).read().decode() for n, s in svcs.items()}
         for name, text in texts.items():
-            assert "mutualrl_step{" in text and "mutualrl_staleness_steps{" in text and "mutualrl_see_stream_length" in text, name
+            for series in ("mutualrl_step{", "mutualrl_staleness_steps{", "mutualrl_see_stream_length"):
+                assert series in text, name
             if name.endswith("rollout"):
-                assert "mutualrl_rollouts_total{" in text and "mutualrl_shared_out_total{" in text and "mutualrl_weights_version{" in text
+                assert "mutualrl_rollouts_total{" in text
+                assert "mutualrl_shared_out_total{" in text
+                assert "mutualrl_weights_version{" in text
             else:
-                assert "mutualrl_rollouts_consumed_total{" in text and "mutualrl_shared_in_total{" in text and "mutualrl_thl_unaligned_ratio{" in text
-        status = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "status", str(out)], capture_output=True, text=True, timeout=60)
+                assert "mutualrl_rollouts_consumed_total{" in text
+                assert "mutualrl_shared_in_total{" in text
+                assert "mutualrl_thl_unaligned_ratio{" in text
+        status = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "status", str(out)], capture_output=True,
+                                text=True, timeout=60)
         assert status.returncode == 0 and status.stdout.count(" ok ") >= 4, status.stdout
         output = _finish(proc)
     finally:
@@ -91,17 +102,20 @@ def test_two_policies_three_steps_over_processes(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("phase") != "warm_start"]
-    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1, 5)}
+    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1,
+        5)}
     for name in ("llama-char", "qwen-bpe"):
         mine = [r for r in steps if r["policy"] == name]
         assert [r["weights_version"] for r in mine] == [1, 2, 3, 4]
         assert sum(r["shared_in"] for r in mine) > 0 and sum(r["shared_out"] for r in mine) > 0  # both directions
-        rollout_versions = [json.loads(l)["weights_version"] for l in (out / "services" / f"{name}.rollout.ledger.jsonl").read_text().splitlines()]
+        ledger = (out / "services" / f"{name}.rollout.ledger.jsonl").read_text().splitlines()
+        rollout_versions = [json.loads(l)["weights_version"] for l in ledger]
         assert rollout_versions == [0, 1, 2, 3]  # each step sampled with the previous step's weights
         assert (out / "checkpoints" / name / "config.json").is_file()
     assert (out / "summary.json").is_file() and (out / "curves.png").is_file()
     summary = json.loads((out / "summary.json").read_text())["policies"]
-    for name in ("llama-char", "qwen-bpe"):  # the same summary as `mutualrl run`: rollouts counted, rejections by reason
+    # the same summary as `mutualrl run`: rollouts counted, rejections by reason
+    for name in ("llama-char", "qwen-bpe"):
         assert summary[name]["rollouts"] == 4 * 16 * 8 and isinstance(summary[name]["peer_rejections"], dict)
 
 
@@ -119,7 +133,8 @@ def test_killed_learner_is_restarted_and_resumes_without_losing_or_double_counti
     assert proc.returncode == 0, output[-3000:]
     # MWRA's local plan is printed and followed: a CPU host shares its cores between the policies
     assert "[up] plan (cpu" in output and "llama-char.learner: cpu" in output
-    assert json.loads((out / "plan.json").read_text())["services"]["llama-char.learner"]["MUTUALRL_TORCH_THREADS"] >= "1"
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["services"]["llama-char.learner"]["MUTUALRL_TORCH_THREADS"] >= "1"
     assert "llama-char.learner exited with -9; restarting" in output
     assert "resumed" in (out / "logs" / "llama-char.learner.log").read_text()
     ledger, published = _ledgers(out, "llama-char")
@@ -145,7 +160,8 @@ def test_killed_rollout_server_learner_waits_its_deadline_then_the_run_completes
     assert proc.returncode == 0, output[-3000:]
     assert "qwen-bpe.rollout exited with -9; restarting" in output
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {r["step"] for r in records if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start"} == set(range(1, 6))
+    assert {r["step"] for r in records if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start"} == set(range(1,
+        6))
 
 
 def test_sigterm_stops_every_service(tmp_path):
@@ -168,9 +184,12 @@ def test_a_crash_looping_service_is_stopped_with_one_line_naming_it_and_its_last
     # llama-char's rollout service points at an engine server that is not there: it exits at
     # start, is restarted once, and `up` stops with one line instead of restarting forever
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"),
-                        "--set", "budget.steps=1", "--set", "launcher.max_restarts=1", "--set", "policies.0.engine.backend=vllm",
-                        "--set", "policies.0.engine.url=http://127.0.0.1:9"], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out",
+                        str(tmp_path / "o"),
+                        "--set", "budget.steps=1", "--set", "launcher.max_restarts=1", "--set",
+                        "policies.0.engine.backend=vllm",
+                        "--set", "policies.0.engine.url=http://127.0.0.1:9"], capture_output=True, text=True,
+                       timeout=600)
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     assert p.returncode == 1, p.stderr[-2000:]
     assert len(lines) == 1 and "llama-char.rollout crashed 2 times" in lines[0], lines
@@ -215,7 +234,8 @@ def test_a_live_run_survives_control_plane_junk_a_stolen_key_and_an_impersonator
     out = tmp_path / "run"
     os.environ["ATTACK_TEST_RUN_KEY"] = "known-run-key"
     try:
-        proc = _start(out, 3, "broker.backend=redis", f"broker.url={redis_server.url}", "broker.hmac_key_env=ATTACK_TEST_RUN_KEY")
+        proc = _start(out, 3, "broker.backend=redis", f"broker.url={redis_server.url}",
+                      "broker.hmac_key_env=ATTACK_TEST_RUN_KEY")
     finally:
         del os.environ["ATTACK_TEST_RUN_KEY"]
     r = redis.Redis.from_url(redis_server.url)
@@ -228,11 +248,15 @@ def test_a_live_run_survives_control_plane_junk_a_stolen_key_and_an_impersonator
         pill = pb.Rollout(prompt_id="not-a-prompt", step=1, token_ids=[1] * 5000, logprobs=[-1.0] * 5000, reward=1.0)
         r.xadd(f"{ns}:rollout:llama-char", {b"d": stolen.wrap_encoded(pill, "llama-char")[1]})
         mallory = EnvelopeCodec(Keyring({"mallory.rollout": derive_key("known-run-key", "mallory.rollout")}))
-        r.xadd(f"{ns}:rollout:llama-char", {b"d": mallory.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "mallory")[1]})
-        peer = EnvelopeCodec(Keyring({"qwen-bpe.rollout": derive_key("known-run-key", "qwen-bpe.rollout")}))  # a peer's stolen key
-        r.xadd(f"{ns}:rollout:llama-char", {b"d": peer.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "qwen-bpe")[1]})
+        r.xadd(f"{ns}:rollout:llama-char",
+               {b"d": mallory.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "mallory")[1]})
+        # a peer's stolen key
+        peer = EnvelopeCodec(Keyring({"qwen-bpe.rollout": derive_key("known-run-key", "qwen-bpe.rollout")}))
+        r.xadd(f"{ns}:rollout:llama-char",
+               {b"d": peer.wrap_encoded(pb.Rollout(prompt_id="x", step=1, reward=1.0), "qwen-bpe")[1]})
         while not done.is_set():
-            for stream in (f"{ns}:heartbeat:llama-char.learner", f"{ns}:heartbeat:llama-char.rollout", f"{ns}:weights_published:llama-char"):
+            for stream in (f"{ns}:heartbeat:llama-char.learner", f"{ns}:heartbeat:llama-char.rollout",
+                           f"{ns}:weights_published:llama-char"):
                 n = r.xlen(stream)
                 if n and n != seen.get(stream):
                     r.xadd(stream, {b"d": b"\x00junk after the newest entry"})
@@ -241,7 +265,8 @@ def test_a_live_run_survives_control_plane_junk_a_stolen_key_and_an_impersonator
             time.sleep(0.05)
 
     try:
-        info = _wait(lambda: json.loads((out / "services.json").read_text()) if (out / "services.json").is_file() else proc.poll(), 300, "services.json")
+        path = out / "services.json"
+        info = _wait(lambda: json.loads(path.read_text()) if path.is_file() else proc.poll(), 300, "services.json")
         assert isinstance(info, dict), proc.communicate()[0][-3000:]
         t = threading.Thread(target=attacker, args=(info["namespace"],), daemon=True)
         t.start()
@@ -253,10 +278,13 @@ def test_a_live_run_survives_control_plane_junk_a_stolen_key_and_an_impersonator
     assert len(junked) >= 6  # junk followed heartbeats and announcements all run long
     steps = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s.get("phase") != "warm_start"]
-    assert {(s["policy"], s["step"]) for s in steps} == {(p, k) for p in ("llama-char", "qwen-bpe") for k in (1, 2, 3)}  # no step lost
+    # no step lost
+    assert {(s["policy"], s["step"]) for s in steps} == {(p, k) for p in ("llama-char", "qwen-bpe") for k in (1, 2, 3)}
     mine = sorted((s for s in steps if s["policy"] == "llama-char"), key=lambda s: s["step"])
-    assert [s["weights_version"] for s in mine] == [1, 2, 3] and all(s["own_rollouts"] == 16 * 8 for s in mine)  # nothing displaced
-    versions = [json.loads(l)["weights_version"] for l in (out / "services" / "llama-char.rollout.ledger.jsonl").read_text().splitlines()]
+    # nothing displaced
+    assert [s["weights_version"] for s in mine] == [1, 2, 3] and all(s["own_rollouts"] == 16 * 8 for s in mine)
+    ledger = (out / "services" / "llama-char.rollout.ledger.jsonl").read_text().splitlines()
+    versions = [json.loads(l)["weights_version"] for l in ledger]
     assert versions == [0, 1, 2]  # the rollout server followed every announcement despite the junk after it
     reasons = {bytes(f[b"d"]).split(b"\x00", 1)[0].decode() for _, f in r.xrange(f"{info['namespace']}:deadletter")}
     # junk; mallory, whose key the learner does not hold; the peer's message on another's stream

@@ -14,11 +14,13 @@ COLLECTIVE = "weights.transport=collective"
 
 
 def _rollout_versions(out: Path, policy: str) -> list[int]:
-    return [json.loads(line)["weights_version"] for line in (out / "services" / f"{policy}.rollout.ledger.jsonl").read_text().splitlines()]
+    ledger = (out / "services" / f"{policy}.rollout.ledger.jsonl").read_text().splitlines()
+    return [json.loads(line)["weights_version"] for line in ledger]
 
 
 def _loaded(out: Path, policy: str) -> list[int]:
-    logs = [json.loads(line) for line in (out / "logs" / f"{policy}.rollout.log").read_text().splitlines() if line.startswith("{")]
+    lines = (out / "logs" / f"{policy}.rollout.log").read_text().splitlines()
+    logs = [json.loads(line) for line in lines if line.startswith("{")]
     return [e["version"] for e in logs if e.get("msg") == "weights loaded"]
 
 
@@ -62,7 +64,8 @@ def test_a_killed_learner_and_a_killed_rollout_service_meet_again_at_the_next_ve
     finally:
         proc.kill()
     assert proc.returncode == 0, output[-3000:]
-    assert "llama-char.learner exited with -9; restarting" in output and "qwen-bpe.rollout exited with -9; restarting" in output
+    assert "llama-char.learner exited with -9; restarting" in output
+    assert "qwen-bpe.rollout exited with -9; restarting" in output
     # the restarted learner re-sent its checkpointed weights as a new version, and training went on
     ledger, published = _ledgers(out, "llama-char")
     assert sorted(ledger) == list(range(1, 7))
@@ -82,7 +85,8 @@ def test_a_rollout_service_that_missed_a_broadcast_asks_for_the_weights_again(tm
     out = tmp_path / "run"
     output = _run_to_the_end(out, 4)
     assert "qwen-bpe.rollout exited with -9; restarting" in output
-    assert _rollout_versions(out, "qwen-bpe") == [0, 1, 3, 4]  # step 3 sampled with version 2's weights, sent again as 3
+    # step 3 sampled with version 2's weights, sent again as 3
+    assert _rollout_versions(out, "qwen-bpe") == [0, 1, 3, 4]
     assert _rollout_versions(out, "llama-char") == [0, 1, 2, 3]
     rollout_log = (out / "logs" / "qwen-bpe.rollout.log").read_text()
     assert "asking the learner to send it again" in rollout_log

@@ -61,7 +61,8 @@ def transfer(kind, sender, policy, version, state, receive):
 def _state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(16, 8, generator=g), "b16": torch.randn(4, 4, generator=g).to(torch.bfloat16),
-            "h16": torch.randn(3, generator=g).half(), "steps": torch.tensor([seed], dtype=torch.int64), "flag": torch.tensor([True])}
+            "h16": torch.randn(3, generator=g).half(), "steps": torch.tensor([seed], dtype=torch.int64),
+            "flag": torch.tensor([True])}
 
 
 @pytest.mark.parametrize("pair", KINDS, indirect=True)
@@ -157,7 +158,8 @@ def test_an_hf_engine_serves_exactly_the_learners_weights(pair, arithmetic_task)
     after = {k: v for k, v in engine.model.state_dict().items()}
     for k, v in learner.model.state_dict().items():
         assert torch.equal(after[k], v), k
-    assert [[s.token_ids for s in g] for g in engine.generate(prompts, greedy)] == [[s.token_ids for s in g] for g in reference.generate(prompts, greedy)]
+    assert [[s.token_ids for s in g] for g in engine.generate(prompts,
+        greedy)] == [[s.token_ids for s in g] for g in reference.generate(prompts, greedy)]
 
 
 def test_a_version_whose_learner_died_before_sending_is_given_up_once_superseded(monkeypatch):

@@ -61,11 +61,13 @@ def transport(request, tmp_path):
         store = WeightStore(tmp_path / "weights")
         return request.param, store, lambda newest=None: store
     port = free_port()
-    return request.param, hf_sender("127.0.0.1", port, timeout_s=60), lambda newest=None: hf_receiver("127.0.0.1", port, timeout_s=60, newest=newest)
+    return request.param, hf_sender("127.0.0.1", port, timeout_s=60), lambda newest=None: hf_receiver("127.0.0.1", port,
+        timeout_s=60, newest=newest)
 
 
 def _follower(ex, kind, receiver, engine, **kw) -> WeightsFollower:
-    return WeightsFollower(POLICY, ex, receiver, engine.load, lambda: engine.version, collective=kind == "collective", **kw)
+    return WeightsFollower(POLICY, ex, receiver, engine.load, lambda: engine.version, collective=kind == "collective",
+                           **kw)
 
 
 def _publish(ex, publisher: WeightsPublisher, step: int, state) -> int:
@@ -176,7 +178,8 @@ def test_a_version_whose_learner_died_before_sending_it_is_given_up_for_the_next
         _wait(follower.caught_up)
         # the learner announces version 2 and dies before broadcasting it
         dead = pb.WeightsPublished(policy=POLICY, version=2, uri=f"collective://{POLICY}/2", step=2, checksum="",
-                                   tensors=[pb.TensorSpec(name="w", dtype="float32", shape=[8, 4]), pb.TensorSpec(name="b", dtype="bfloat16", shape=[3])])
+                                   tensors=[pb.TensorSpec(name="w", dtype="float32", shape=[8, 4]),
+                                            pb.TensorSpec(name="b", dtype="bfloat16", shape=[3])])
         ex.publish(dead, POLICY, 2)
         time.sleep(1.5)  # the follower waits in version 2's group
         assert engine.version == 1

@@ -15,7 +15,8 @@ from kmock import KubernetesEmulator, ResourceInfo, Server, resource
 from kubernetes import client
 
 CORE = {
-    ("", "v1", "pods"): "Pod", ("", "v1", "services"): "Service", ("", "v1", "configmaps"): "ConfigMap", ("", "v1", "nodes"): "Node",
+    ("", "v1", "pods"): "Pod", ("", "v1", "services"): "Service", ("", "v1", "configmaps"): "ConfigMap",
+    ("", "v1", "nodes"): "Node",
     ("", "v1", "events"): "Event", ("coordination.k8s.io", "v1", "leases"): "Lease",
 }
 GANG_GROUPS = {
@@ -35,7 +36,8 @@ class Cluster:
         self._stop = False
         self.url = ""
         self.emulator: KubernetesEmulator | None = None
-        self._kinds = {plural: k for (_, _, plural), k in CORE.items()} | {plural: k for _, _, plural, k in GANG_GROUPS[served]}
+        core = {plural: k for (_, _, plural), k in CORE.items()}
+        self._kinds = core | {plural: k for _, _, plural, k in GANG_GROUPS[served]}
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
     async def _main(self) -> None:

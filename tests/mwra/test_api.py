@@ -49,8 +49,12 @@ def test_submit_plan_report_stop(http):
     assert http.get(f"/v1/experiments/{eid}/allocations", headers=AUTH).json()["small"]["learner_gpus"] >= 1
     # measured: the small policy is far more expensive than seeded -> one re-plan ("measured")
     for policy, gen, train in (("small", 400.0, 300.0), ("large", 5.0, 5.0)):
-        http.post(f"/v1/experiments/{eid}/steps", json={"policy": policy, "role": "rollout", "step": 1, "stage_seconds": {"generate": gen}}, headers=AUTH)
-        last = http.post(f"/v1/experiments/{eid}/steps", json={"policy": policy, "role": "learner", "step": 1, "stage_seconds": {"train": train}}, headers=AUTH)
+        http.post(f"/v1/experiments/{eid}/steps",
+                  json={"policy": policy, "role": "rollout", "step": 1, "stage_seconds": {"generate": gen}},
+                  headers=AUTH)
+        last = http.post(f"/v1/experiments/{eid}/steps",
+                         json={"policy": policy, "role": "learner", "step": 1, "stage_seconds": {"train": train}},
+                         headers=AUTH)
     assert last.json()["replanned"] is True
     assert http.get(f"/v1/experiments/{eid}", headers=AUTH).json()["history"][-1]["reason"] == "measured"
     metrics = http.get("/metrics").text

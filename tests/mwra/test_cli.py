@@ -17,7 +17,8 @@ CLI = [sys.executable, "-m", "mutualrl.app.cli"]
 
 
 def test_simulate_json(tmp_path):
-    p = subprocess.run([*CLI, "mwra", "simulate", "--policies", "3", "--gpus", "24", "--cost-ratio", "4", "--seed", "1", "--steps", "60", "--json",
+    p = subprocess.run([*CLI, "mwra", "simulate", "--policies", "3", "--gpus", "24", "--cost-ratio", "4", "--seed", "1",
+                        "--steps", "60", "--json",
                         "--plot", str(tmp_path / "p.png")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
@@ -26,7 +27,8 @@ def test_simulate_json(tmp_path):
         assert {"makespan_over_lower_bound", "utilisation", "replans", "partial_gang_gpu_seconds"} <= set(s)
     assert doc["strategies"]["mwra"]["partial_gang_gpu_seconds"] == 0
     assert (tmp_path / "p.png").stat().st_size > 1000
-    p = subprocess.run([*CLI, "mwra", "simulate", "--policies", "5", "--gpus", "40", "--steps", "20", "--json", "--plot", str(tmp_path / "q.png")],
+    p = subprocess.run([*CLI, "mwra", "simulate", "--policies", "5", "--gpus", "40", "--steps", "20", "--json",
+                        "--plot", str(tmp_path / "q.png")],
                        capture_output=True, text=True, timeout=120)
     assert json.loads(p.stdout)["strategies"]["best_static"] is None  # brute force only for N <= 4
 
@@ -51,7 +53,8 @@ def test_controller_serves_over_http_with_the_token_from_a_file(tmp_path):
     port = _free_port()
     env = {**os.environ, "MUTUALRL_API_TOKEN_FILE": str(tmp_path / "token")}
     env.pop("MUTUALRL_API_TOKEN", None)
-    proc = subprocess.Popen([*CLI, "controller", "--host", "127.0.0.1", "--port", str(port), "--backend", "memory", "--gpus", "16"],
+    proc = subprocess.Popen([*CLI, "controller", "--host", "127.0.0.1", "--port", str(port), "--backend", "memory",
+                             "--gpus", "16"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -80,7 +83,8 @@ def test_controller_without_a_token_exits_2():
 
 def test_up_refuses_gangs_that_do_not_fit_in_one_line(tmp_path):
     t0 = time.monotonic()
-    p = subprocess.run([*CLI, "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"), "--set", "mwra.gpus=2",
+    p = subprocess.run([*CLI, "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"), "--set",
+                        "mwra.gpus=2",
                         "--set", "policies.0.resources.learner_gpus=2"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
@@ -93,7 +97,8 @@ def test_up_with_an_unreachable_broker_exits_2_fast_in_one_line(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    p = subprocess.run([*CLI, "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"), "--set", "broker.backend=redis",
+    p = subprocess.run([*CLI, "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"), "--set",
+                        "broker.backend=redis",
                         "--set", f"broker.url=redis://127.0.0.1:{port}/0"], capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - t0
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]

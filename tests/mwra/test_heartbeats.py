@@ -23,7 +23,8 @@ def _setup(redis_server, key: bytes | None = b"k" * 32):
     exp = controller.submit(parse_config(YAML, "t", check_paths=False), YAML)
     url = redis_server.url
     services = ExperienceExchange(RedisBroker(RedisOptions(url=url)), exp.id, keys=key)
-    follower = HeartbeatFollower(controller, lambda e: ExperienceExchange(RedisBroker(RedisOptions(url=url)), e.id, keys=key))
+    follower = HeartbeatFollower(controller,
+                                 lambda e: ExperienceExchange(RedisBroker(RedisOptions(url=url)), e.id, keys=key))
     return controller, exp, services, follower
 
 

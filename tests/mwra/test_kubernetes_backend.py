@@ -22,11 +22,14 @@ K8S_VERSIONS = ["1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0"]
 DEMANDS = [PolicyDemand("small", 10.0, 0.5), PolicyDemand("big", 40.0, 0.6, rollout_tp=2)]
 
 
-KEYS = {f"{p}.{r}": derive_key("run-key", f"{p}.{r}").decode() for p in ("small", "big") for r in ("rollout", "learner")}
+KEYS = {f"{p}.{r}": derive_key("run-key", f"{p}.{r}").decode() for p in ("small", "big") for r in ("rollout",
+    "learner")}
 
 
 def spec(run="exp-1") -> RunSpec:
-    return RunSpec(run, "name: x\n", NS, "registry.example/mutualrl:0.1.0-cuda", "team-a", redis_url_secret="rl-redis", weights_claim="weights",
+    return RunSpec(run, "name: "
+                   "x\n", NS, "registry.example/mutualrl:0.1.0-cuda", "team-a", redis_url_secret="rl-redis",
+                   weights_claim="weights",
                    hmac_secret="mutualrl-hmac", see_keys=KEYS)
 
 
@@ -47,12 +50,15 @@ def test_each_gang_backend_creates_valid_objects(served):
         created = [o for o in cluster.objects() if o.get("kind") not in ("Node", "Event")]
         pods = [o for o in created if o["kind"] == "Pod"]
         assert len(pods) == sum(len(a.placements) for a in plan.allocations.values())
-        assert sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in pods) == plan.allocated_gpus
+        gpus = sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in pods)
+        assert gpus == plan.allocated_gpus
         for p in pods:
             labels = p["metadata"]["labels"]
-            assert {"mutualrl.io/run", "mutualrl.io/policy", "mutualrl.io/role", "mutualrl.io/plan-generation"} <= set(labels)
+            assert {"mutualrl.io/run", "mutualrl.io/policy", "mutualrl.io/role",
+                    "mutualrl.io/plan-generation"} <= set(labels)
             assert p["metadata"]["ownerReferences"][0]["kind"] == "ConfigMap"
-        assert {o["metadata"]["name"] for o in created if o["kind"] == "Service"} == {f"exp-1-{p}-{r}" for p in ("small", "big") for r in ("rollout", "learner")}
+        services = {o["metadata"]["name"] for o in created if o["kind"] == "Service"}
+        assert services == {f"exp-1-{p}-{r}" for p in ("small", "big") for r in ("rollout", "learner")}
         for obj in created:
             key = f"{obj['apiVersion']}/{obj['kind']}"
             if key in CRD_SCHEMAS:
@@ -98,9 +104,11 @@ def test_each_pod_holds_its_own_signing_key_and_only_its_sources():
                 if "valueFrom" in e and e["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]:
                     resolved[e["name"]] = stored[e["valueFrom"]["secretKeyRef"]["key"]]
                 elif "value" in e:
-                    resolved[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: resolved.get(m.group(1), m.group(0)), e["value"])
+                    resolved[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: resolved.get(m.group(1), m.group(0)),
+                                                 e["value"])
             keys = parse_keys(resolved["MUTUALRL_SEE_KEYS"])
-            expected = {f"{policy}.rollout", f"{policy}.learner"} if role == "rollout" else {f"{policy}.learner", "small.rollout", "big.rollout"}
+            expected = {f"{policy}.rollout", f"{policy}.learner"} if role == "rollout" else {f"{policy}.learner",
+                "small.rollout", "big.rollout"}
             assert set(keys) == expected and all(keys[s] == KEYS[s].encode() for s in keys)
 
 
@@ -138,10 +146,12 @@ def test_mwra_admission_waits_for_room_and_evicts_after_the_timeout():
     clock = [0.0]
     with Cluster("mwra") as cluster:
         cluster.add_node("gpu-0", 8)
-        backend = KubernetesBackend(cluster.api(), NS, watch_seconds=0.5, admission_timeout_s=30, clock=lambda: clock[0])
+        backend = KubernetesBackend(cluster.api(), NS, watch_seconds=0.5, admission_timeout_s=30,
+                                    clock=lambda: clock[0])
         backend.apply(spec("first"), make_plan(DEMANDS, backend.nodes()))  # takes all 8 GPUs
         backend.apply(spec("second"), make_plan([PolicyDemand("late", 1.0)], backend.nodes()))
-        assert not [p for p in cluster.objects("Pod") if p["metadata"]["labels"]["mutualrl.io/run"] == "second"]  # no partial start
+        # no partial start
+        assert not [p for p in cluster.objects("Pod") if p["metadata"]["labels"]["mutualrl.io/run"] == "second"]
         clock[0] = 31.0
         events = backend.poll()
         assert {e.run for e in events if e.kind == "gang_evicted"} == {"first"}  # never ran: evicted, requeued
@@ -156,7 +166,8 @@ def test_a_lost_node_triggers_a_replan_on_fewer_gpus():
         ctl = Controller(backend)
         from mutualrl.config import parse_config
 
-        cfg = parse_config((Path(__file__).parents[2] / "examples" / "mwra" / "two-policies-gpu.yaml").read_text(), check_paths=False)
+        cfg = parse_config((Path(__file__).parents[2] / "examples" / "mwra" / "two-policies-gpu.yaml").read_text(),
+                           check_paths=False)
         exp = ctl.submit(cfg, "name: x\n")
         used = {p.node for a in exp.plan.allocations.values() for p in a.placements}
         ctl.tick()
@@ -164,7 +175,8 @@ def test_a_lost_node_triggers_a_replan_on_fewer_gpus():
         events = ctl.tick()
         assert [e.kind for e in events].count("node_lost") == 1
         assert exp.plan.generation == 1 and exp.history[-1]["reason"] == "node_lost"
-        assert {p.node for a in exp.plan.allocations.values() for p in a.placements} <= {"gpu-0", "gpu-1"} - {sorted(used)[0]}
+        assert {p.node for a in exp.plan.allocations.values() for p in a.placements} <= {"gpu-0",
+            "gpu-1"} - {sorted(used)[0]}
         pods = cluster.objects("Pod")
         assert pods and all(p["metadata"]["labels"]["mutualrl.io/plan-generation"] == "1" for p in pods)
 
@@ -172,8 +184,10 @@ def test_a_lost_node_triggers_a_replan_on_fewer_gpus():
 def test_two_controllers_one_acts():
     with Cluster("mwra") as cluster:
         cluster.add_node("gpu-0", 8)
-        a = Controller(KubernetesBackend(cluster.api(), NS, watch_seconds=0.3), leader=LeaderElection(cluster.api(), NS, identity="a"))
-        b = Controller(KubernetesBackend(cluster.api(), NS, watch_seconds=0.3), leader=LeaderElection(cluster.api(), NS, identity="b"))
+        a = Controller(KubernetesBackend(cluster.api(), NS, watch_seconds=0.3),
+                       leader=LeaderElection(cluster.api(), NS, identity="a"))
+        b = Controller(KubernetesBackend(cluster.api(), NS, watch_seconds=0.3),
+                       leader=LeaderElection(cluster.api(), NS, identity="b"))
         a.tick()
         b.tick()
         assert a.leading and not b.leading
@@ -189,12 +203,19 @@ def test_an_external_engine_runs_as_a_sidecar_holding_the_rollout_gpus():
     with Cluster("volcano") as cluster:
         cluster.add_node("gpu-0", 8)
         backend = KubernetesBackend(cluster.api(), NS)
-        s = RunSpec("exp-1", "name: x\n", NS, "img", engines={"big": {"backend": "vllm", "model": "/models/big", "tp": 2, "args": ["--max-model-len", "4096"]}})
+        s = RunSpec("exp-1", "name: "
+                    "x\n", NS, "img",
+                    engines={"big": {"backend": "vllm", "model": "/models/big", "tp": 2,
+                                                  "args": ["--max-model-len", "4096"]}})
         backend.apply(s, make_plan(DEMANDS, backend.nodes()))
-        rollout = next(p for p in cluster.objects("Pod") if p["metadata"]["labels"]["mutualrl.io/policy"] == "big" and p["metadata"]["labels"]["mutualrl.io/role"] == "rollout")
+        rollout = next(p for p in cluster.objects("Pod")
+                       if p["metadata"]["labels"]["mutualrl.io/policy"] == "big"
+                       and p["metadata"]["labels"]["mutualrl.io/role"] == "rollout")
         ours, engine = rollout["spec"]["containers"]
-        assert "nvidia.com/gpu" not in ours["resources"]["limits"] and engine["resources"]["limits"]["nvidia.com/gpu"] == "2"
-        assert engine["args"][:6] == ["--model", "/models/big", "--port", "8000", "--tensor-parallel-size", "2"] and "--max-model-len" in engine["args"]
+        assert "nvidia.com/gpu" not in ours["resources"]["limits"]
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == "2"
+        assert engine["args"][:6] == ["--model", "/models/big", "--port", "8000", "--tensor-parallel-size",
+                                      "2"] and "--max-model-len" in engine["args"]
         for v in K8S_VERSIONS:
             kubernetes_validate.validate(strip_status(rollout), v, strict=True)
 
@@ -221,7 +242,8 @@ def test_the_collective_transport_gives_each_learner_a_weights_port_its_rollout_
     s = dataclasses.replace(spec(), weights_port=29600)
     plan = make_plan(DEMANDS, [Node("gpu-0", 8), Node("gpu-1", 8)])
     cm = config_map(s)
-    owner = owner_reference({**cm, "metadata": {**cm["metadata"], "uid": "0b5c1f3e-1111-4d2e-9f00-000000000001"}})  # the API server assigns it
+    # the API server assigns it
+    owner = owner_reference({**cm, "metadata": {**cm["metadata"], "uid": "0b5c1f3e-1111-4d2e-9f00-000000000001"}})
     for name, alloc in plan.allocations.items():
         objs = gang_objects(s, alloc, 1, "mwra", owner)
         svc = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == f"exp-1-{name}-learner")
@@ -230,7 +252,8 @@ def test_the_collective_transport_gives_each_learner_a_weights_port_its_rollout_
             c = p["spec"]["containers"][0]
             args = c["command"] + c.get("args", [])
             assert args[args.index("--weights-group") + 1] == f"exp-1-{name}-learner:29600"
-            assert ({"name": "weights", "containerPort": 29600} in c["ports"]) == (p["metadata"]["labels"]["mutualrl.io/role"] == "learner")
+            is_learner = p["metadata"]["labels"]["mutualrl.io/role"] == "learner"
+            assert ({"name": "weights", "containerPort": 29600} in c["ports"]) == is_learner
         for o in objs:
             if o["kind"] in ("Pod", "Service"):
                 kubernetes_validate.validate(o, K8S_VERSIONS[-1], strict=True)

@@ -44,7 +44,8 @@ def test_water_filling_equals_brute_force(seed):
     rng = random.Random(seed)
     n = rng.randint(1, 4)
     total = rng.randint(2 * n, 14 if n <= 3 else 12)
-    demands = [PolicyDemand(f"p{i}", rng.uniform(0.5, 20.0), rng.uniform(0.1, 0.9), scaling_efficiency=rng.choice([1.0, 0.9, 0.7]),
+    demands = [PolicyDemand(f"p{i}", rng.uniform(0.5, 20.0), rng.uniform(0.1, 0.9),
+                            scaling_efficiency=rng.choice([1.0, 0.9, 0.7]),
                             sync_seconds=rng.choice([0.0, 0.3])) for i in range(n)]
     counts = water_fill(demands, total)
     assert sum(counts.values()) <= total
@@ -138,7 +139,8 @@ def test_bad_inputs_are_one_line_errors():
 
 def test_planning_64_policies_on_1024_gpus_is_fast():
     rng = random.Random(0)
-    ds = [PolicyDemand(f"p{i}", rng.uniform(1, 10), rng.uniform(0.3, 0.7), rollout_tp=rng.choice([1, 2, 4])) for i in range(64)]
+    ds = [PolicyDemand(f"p{i}", rng.uniform(1, 10), rng.uniform(0.3, 0.7),
+                       rollout_tp=rng.choice([1, 2, 4])) for i in range(64)]
     t = time.perf_counter()
     plan = make_plan(ds, 1024)
     assert plan.allocated_gpus <= 1024 and predict(ds[0], plan.allocations["p0"].gpus) > 0

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from mutualrl.services.mwra.planner import PolicyDemand
-from mutualrl.services.mwra.simulator import EqualSplit, Mwra, Scenario, SimPolicy, best_static_counts, build_scenario, compare, run
+from mutualrl.services.mwra.simulator import (
+    EqualSplit,
+    Mwra,
+    Scenario,
+    SimPolicy,
+    best_static_counts,
+    build_scenario,
+    compare,
+    run,
+)
 
 
 def test_lockstep_makespan_by_hand():

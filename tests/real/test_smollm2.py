@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_models_get_prints_a_folder_transformers_loads(smollm2_dir):
     env = {**os.environ, "MUTUALRL_CACHE": str(smollm2_dir.parents[1])}
-    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "models", "get", PRESET], capture_output=True, text=True, timeout=600, env=env)
+    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "models", "get", PRESET], capture_output=True,
+                       text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     folder = Path(p.stdout.strip().splitlines()[-1])
     assert folder == smollm2_dir
@@ -30,7 +31,8 @@ def test_models_get_prints_a_folder_transformers_loads(smollm2_dir):
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
     assert type(model).__name__ == "LlamaForCausalLM" and len(tok) == 49152 and tok.chat_template
     assert 134_000_000 < sum(p.numel() for p in model.parameters()) < 135_000_000
-    bad = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "models", "get", "no-such-model"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "models", "get", "no-such-model"],
+                         capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown model preset" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -44,7 +46,8 @@ def test_prompt_ids_are_the_chat_templates_and_a_chat_answer_scores(smollm2_toke
     problem = task.eval[0]
     style = prompt_style(cfg, cfg.policies[0])
     want = smollm2_tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"{problem.prompt}\n\n{cfg.task_instruction()}"}], add_generation_prompt=True, tokenize=True)
+        [{"role": "user", "content": f"{problem.prompt}\n\n{cfg.task_instruction()}"}], add_generation_prompt=True,
+        tokenize=True)
     want = list(want["input_ids"] if hasattr(want, "keys") else want)
     assert encode_prompt(smollm2_tokenizer, problem.prompt, style) == want
     assert smollm2_tokenizer.decode(want).endswith("<|im_start|>assistant\n")
@@ -61,9 +64,12 @@ def _example(name: str) -> dict:
 
 def test_one_rl_step_on_the_real_model(tmp_path, smollm2_dir):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mutualrl.app.cli", "run", str(ROOT / "examples" / "real" / "smollm2.yaml"), "--out", str(out),
-           "--set", f"policies.smollm2.model.path={smollm2_dir}", "--set", "budget.steps=1", "--set", "budget.prompts_per_step=2",
-           "--set", "budget.group_size=4", "--set", "budget.max_new_tokens=16", "--set", "eval.size=4", "--set", "eval.every=1",
+    cmd = [sys.executable, "-m", "mutualrl.app.cli", "run", str(ROOT / "examples" / "real" / "smollm2.yaml"), "--out",
+           str(out),
+           "--set", f"policies.smollm2.model.path={smollm2_dir}", "--set", "budget.steps=1", "--set",
+           "budget.prompts_per_step=2",
+           "--set", "budget.group_size=4", "--set", "budget.max_new_tokens=16", "--set", "eval.size=4", "--set",
+           "eval.every=1",
            "--set", "task.train_size=200", "--set", "task.eval_size=4", "--set", "policies.smollm2.optim.lr=1e-4"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -90,12 +96,17 @@ def test_two_steps_of_the_real_pair_with_sharing(tmp_path, smollm2_dir):
     """examples/real/pair.yaml as it is, two SGT steps: SmolLM2 beside the Qwen2 on the full Qwen2.5
     vocabulary (its warm start cut to 20 steps here: the real one takes most of an hour)."""
     out = tmp_path / "pair"
-    cmd = [sys.executable, "-m", "mutualrl.app.cli", "run", str(ROOT / "examples" / "real" / "pair.yaml"), "--out", str(out),
-           "--set", f"policies.smollm2.model.path={smollm2_dir}", "--set", "budget.steps=2", "--set", "eval.size=8", "--set", "eval.every=2",
-           "--set", "task.eval_size=16", "--set", "task.train_size=500", "--set", "policies.qwen-q25.warm_start.max_steps=20"]
+    cmd = [sys.executable, "-m", "mutualrl.app.cli", "run", str(ROOT / "examples" / "real" / "pair.yaml"), "--out",
+           str(out),
+           "--set", f"policies.smollm2.model.path={smollm2_dir}", "--set", "budget.steps=2", "--set", "eval.size=8",
+           "--set", "eval.every=2",
+           "--set", "task.eval_size=16", "--set", "task.train_size=500", "--set",
+           "policies.qwen-q25.warm_start.max_steps=20"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["policies"]) == {"smollm2", "qwen-q25"} and summary["policies"]["smollm2"]["warm_start_steps"] == 0
+    assert set(summary["policies"]) == {"smollm2",
+                                        "qwen-q25"} and summary["policies"]["smollm2"]["warm_start_steps"] == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert {(r["policy"], r["step"]) for r in records if r.get("step", 0) >= 1} == {(n, s) for n in ("smollm2", "qwen-q25") for s in (1, 2)}
+    assert {(r["policy"], r["step"]) for r in records if r.get("step", 0) >= 1} == {(n, s) for n in ("smollm2",
+        "qwen-q25") for s in (1, 2)}

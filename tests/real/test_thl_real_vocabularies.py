@@ -20,7 +20,8 @@ def _texts(n: int = 1000) -> list[str]:
     rng = random.Random(0)
     openers = ["To calculate {a} + {b}, we simply add them together. {a} + {b} equals {c}.",
                "Let's solve this step by step:\n\n{a} + {b} = {c}\n\nSo, the result is {c}.",
-               "The answer is {c}.", "{a} + {b} = {c}", "<answer>{c}</answer>", "Sure! Here’s the sum — {c} (i.e. {a}+{b}).",
+               "The answer is {c}.", "{a} + {b} = {c}", "<answer>{c}</answer>",
+               "Sure! Here’s the sum — {c} (i.e. {a}+{b}).",
                "  leading spaces, tabs\tand a café: {c} €", "Résultat : {c} ✓ 你好 {a}"]
     while len(texts) < n:
         a, b = rng.randint(0, 999), rng.randint(0, 999)
@@ -46,7 +47,7 @@ def test_thousand_task_and_chat_texts_carry_exactly(direction, smollm2_tokenizer
         conv = convert(src, dst, source_ids=ids, source_logprobs=[-0.5] * len(ids))
         r = conv.residual
         if (conv.text != text or r.unaligned_fraction != 0.0 or not r.roundtrip_ok or r.logprob_residual > 1e-9
-                or conv.target_ids != dst(text, add_special_tokens=False)["input_ids"]):
+            or conv.target_ids != dst(text, add_special_tokens=False)["input_ids"]):
             bad.append((text, r))
     assert not bad, f"{len(bad)} of 1000 texts were not carried exactly, e.g. {bad[:3]}"
 

@@ -95,10 +95,12 @@ def test_prompt_style_puts_the_instruction_after_the_task_in_the_user_turn(token
     from mutualrl.models.policy import PromptStyle, encode_prompt
 
     tok = tokenizers["bpe"]
-    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
     try:
         style = PromptStyle(instruction="Answer with a number.")
-        want = tok.apply_chat_template([{"role": "user", "content": "1+2=\n\nAnswer with a number."}], add_generation_prompt=True, tokenize=True)
+        want = tok.apply_chat_template([{"role": "user", "content": "1+2=\n\nAnswer with a number."}],
+                                       add_generation_prompt=True, tokenize=True)
         want = list(want["input_ids"] if hasattr(want, "keys") else want)
         assert encode_prompt(tok, "1+2=", style) == want
         # without the template (or turned off), the bare text: what built models are trained on
@@ -112,8 +114,10 @@ def test_import_gguf_refuses_bad_files_in_one_line(tmp_path):
     import sys
 
     cli = [sys.executable, "-m", "mutualrl.app.cli", "models", "import-gguf"]
-    missing = subprocess.run([*cli, str(tmp_path / "none.gguf"), "--cache", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    missing = subprocess.run([*cli, str(tmp_path / "none.gguf"), "--cache", str(tmp_path)], capture_output=True,
+                             text=True, timeout=120)
     assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
     (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
-    wrong = subprocess.run([*cli, str(tmp_path / "weights.bin"), "--cache", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    wrong = subprocess.run([*cli, str(tmp_path / "weights.bin"), "--cache", str(tmp_path)], capture_output=True,
+                           text=True, timeout=120)
     assert wrong.returncode == 2 and "is not a .gguf file" in wrong.stderr

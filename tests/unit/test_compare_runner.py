@@ -38,9 +38,10 @@ def _fake_run(calls: list, fail_at: int | None = None):
             recs += [{"step": 0, "policy": p.name, "rollouts": 0, "eval_accuracy": start},
                      {"step": 2, "policy": p.name, "rollouts": 256, "eval_accuracy": start + gain}]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-        (d / "summary.json").write_text(json.dumps({"elapsed_s": 10.0, "policies": {p.name: {"warm_start_accuracy": 0.2 + 0.01 * cfg.seed,
-                                                                          "final_accuracy": 0.2 + 0.01 * cfg.seed + gain, "rollouts": 256}
-                                                                 for p in cfg.policies}}))
+        start = 0.2 + 0.01 * cfg.seed
+        policies = {p.name: {"warm_start_accuracy": start, "final_accuracy": start + gain, "rollouts": 256}
+                    for p in cfg.policies}
+        (d / "summary.json").write_text(json.dumps({"elapsed_s": 10.0, "policies": policies}))
     return run
 
 
@@ -132,9 +133,11 @@ def test_the_evidence_suite_is_valid():
 def _fake_worker_run(cfg, d: Path) -> None:
     """A module-level runner (worker processes pickle it): what `mutualrl run` writes, gain 5 points."""
     d.mkdir(parents=True, exist_ok=True)
-    recs = [{"step": s, "policy": p.name, "rollouts": 128 * s, "eval_accuracy": 0.2 + 0.025 * s} for p in cfg.policies for s in (0, 2)]
+    recs = [{"step": s, "policy": p.name, "rollouts": 128 * s,
+             "eval_accuracy": 0.2 + 0.025 * s} for p in cfg.policies for s in (0, 2)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (d / "summary.json").write_text(json.dumps({"policies": {p.name: {"warm_start_accuracy": 0.2, "final_accuracy": 0.25, "rollouts": 256}
+    (d / "summary.json").write_text(json.dumps({"policies": {p.name: {"warm_start_accuracy": 0.2,
+        "final_accuracy": 0.25, "rollouts": 256}
                                                              for p in cfg.policies}}))
 
 
@@ -146,7 +149,8 @@ def test_parallel_jobs_train_every_unfinished_run_once(tmp_path):
     done = run_all(spec, tmp_path / "out", _fake_worker_run, lambda i, n, s: seen.append((i, s)), jobs=2)
     assert sorted(map(str, done)) == sorted(map(str, run_dir_of(spec, tmp_path / "out")))
     assert seen[-1][0] == 6 and sum("done before" in s for _, s in seen) == 1
-    assert write_report(spec, tmp_path / "out")["pairs"]["demo"]["sgt"]["llama-char"]["gain"]["mean"] == pytest.approx(0.05)
+    assert write_report(spec,
+                        tmp_path / "out")["pairs"]["demo"]["sgt"]["llama-char"]["gain"]["mean"] == pytest.approx(0.05)
 
 
 def run_dir_of(spec, out: Path) -> list[Path]:
@@ -175,7 +179,8 @@ def test_a_run_whose_event_was_never_logged_still_counts_in_the_wall_time(tmp_pa
     (out / "sessions.jsonl").write_text('{"session": 1000.0, "t": 1000.0, "event": "start", "jobs": 2}\n'
                                         '{"session": 5000.0, "t": 5000.0, "event": "start", "jobs": 2}\n')
     for i, (e, p, s) in enumerate(spec.runs()):
-        os.utime(out / "runs" / e / p / f"seed{s}" / "summary.json", (0, 1100.0 + 100 * i if i < 3 else 5050.0 + 10 * i))
+        os.utime(out / "runs" / e / p / f"seed{s}" / "summary.json",
+                 (0, 1100.0 + 100 * i if i < 3 else 5050.0 + 10 * i))
     c = compute(spec, out)
     assert c["invocations"] == 2 and c["wall_seconds"] == pytest.approx((1300 - 1000) + (5100 - 5000))
 
@@ -187,7 +192,8 @@ def test_the_summary_table_puts_policies_in_columns_with_paired_differences(tmp_
     run_all(spec, tmp_path / "out", _fake_run([]))
     table = summary_table(write_report(spec, tmp_path / "out"), "demo").splitlines()
     assert table[0] == "| entry | llama-char | qwen-bpe |"
-    # grpo: 21 + 5 points over seeds 0..2 -> 26.0 ± 2.5 (t(2) = 4.303 · sd 0.01 / sqrt(3)); sgt 5 points above on every seed
+    # grpo: 21 + 5 points over seeds 0..2 -> 26.0 ± 2.5 (t(2) = 4.303 · sd 0.01 / sqrt(3)); sgt 5 points above on every
+    # seed
     assert table[2] == "| grpo | 26.0 ± 2.5, n=3 | 26.0 ± 2.5, n=3 |"
     assert table[3] == "| sgt | 31.0 ± 2.5 (+5.0 ± 0.0), n=3 | 31.0 ± 2.5 (+5.0 ± 0.0), n=3 |"
 

@@ -8,6 +8,9 @@ import pytest
 
 from mutualrl.config import ConfigError, load_config
 
+UNAVAILABLE = ("mutualrl.services.rollout.http_engines.EngineUnavailable: "
+               "vllm at http://127.0.0.1:9: not reachable")
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo.yaml"
 
@@ -20,7 +23,9 @@ def test_demo_config_validates():
 
 
 def test_overrides_by_path_index_and_policy_name():
-    cfg = load_config(DEMO, ["budget.steps=2", "policies.0.optim.lr=3e-4", "policies.qwen-bpe.engine.temperature=0.7", "sharing.mode=none"])
+    cfg = load_config(DEMO,
+                      ["budget.steps=2", "policies.0.optim.lr=3e-4", "policies.qwen-bpe.engine.temperature=0.7",
+                       "sharing.mode=none"])
     assert cfg.budget.steps == 2
     assert cfg.policies[0].optim.lr == pytest.approx(3e-4)
     assert cfg.policies[1].engine.temperature == pytest.approx(0.7)
@@ -49,7 +54,8 @@ policies:
         (MINIMAL + "sharing: {mode: telepathy}\n", "sharing.mode"),
         (MINIMAL + "budget: {steps: many}\n", "budget.steps"),
         (MINIMAL + "budget: {stepz: 3}\n", "budget.stepz: unknown field"),
-        (MINIMAL.replace("{family: llama}", "{path: ./no/such/model}").replace("    tokenizer: {kind: char}\n", ""), "does not exist"),
+        (MINIMAL.replace("{family: llama}", "{path: ./no/such/model}").replace("    tokenizer: {kind: char}\n", ""),
+         "does not exist"),
         (MINIMAL.replace("{family: llama}", "{family: mamba}"), "policies.0.model.family"),
         (MINIMAL + "sharing: {mode: sgt}\n", "needs at least two policies"),
         ("- just\n- a list\n", "expected a mapping"),
@@ -72,8 +78,10 @@ def test_bad_override_is_a_config_error():
 
 def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path):
     bad = _write(tmp_path, MINIMAL + "sharing: {mode: telepathy}\n")
-    for cmd in (["validate", str(bad)], ["run", str(bad)], ["run", str(DEMO), "--set", "budget.steps=-1"], ["run", str(tmp_path / "missing.yaml")]):
-        p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", *cmd], capture_output=True, text=True, timeout=120)
+    for cmd in (["validate", str(bad)], ["run", str(bad)], ["run", str(DEMO), "--set", "budget.steps=-1"],
+                ["run", str(tmp_path / "missing.yaml")]):
+        p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", *cmd], capture_output=True, text=True,
+                           timeout=120)
         assert p.returncode == 2, (cmd, p.stdout, p.stderr)
         assert "Traceback" not in p.stderr
         lines = [l for l in p.stderr.splitlines() if l.strip()]
@@ -81,7 +89,8 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path):
 
 
 def test_cli_validate_ok():
-    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "validate", str(DEMO)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "validate", str(DEMO)], capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0 and "ok" in p.stdout
 
 
@@ -93,13 +102,15 @@ def test_cli_load_time_input_errors_exit_2(tmp_path):
     bad_jsonl = tmp_path / "bad.jsonl"
     bad_jsonl.write_text('{"prompt": "a", "answer": "1"}\n{oops\n')
     cases = [
-        (MINIMAL.replace("{family: llama}", f"{{path: {empty}}}").replace("    tokenizer: {kind: char}\n", ""), "has no config.json"),
+        (MINIMAL.replace("{family: llama}", f"{{path: {empty}}}").replace("    tokenizer: {kind: char}\n", ""),
+         "has no config.json"),
         (MINIMAL + f"task: {{name: jsonl, path: {bad_jsonl}}}\n", "bad.jsonl:2"),
     ]
     for i, (text, needle) in enumerate(cases):
         cfg = tmp_path / f"exp{i}.yaml"
         cfg.write_text(text)
-        p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "run", str(cfg), "--out", str(tmp_path / f"out{i}")],
+        p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "run", str(cfg), "--out",
+                            str(tmp_path / f"out{i}")],
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 2, p.stderr[-2000:]
         lines = [l for l in p.stderr.splitlines() if l.strip()]
@@ -124,7 +135,8 @@ def test_sharing_and_broker_options_are_validated(sets, needle):
 
 
 def test_loss_specific_clip_defaults():
-    assert load_config(DEMO, ["algorithm.clip_low=null", "algorithm.clip_high=null"]).algorithm.clip_bounds() == (0.2, 0.28)
+    assert load_config(DEMO, ["algorithm.clip_low=null", "algorithm.clip_high=null"]).algorithm.clip_bounds() == (0.2,
+        0.28)
     gspo = load_config(DEMO, ["algorithm.loss=gspo", "algorithm.clip_low=null", "algorithm.clip_high=null"])
     assert gspo.algorithm.clip_bounds() == (3e-4, 4e-4)
 
@@ -144,15 +156,20 @@ def test_up_remembers_a_services_last_exception_line():
     from mutualrl.app.launcher import Service
 
     s = Service("a.rollout", "rollout", "a", [], 0)
-    for line in ["starting\n", "Traceback (most recent call last):\n", '  File "x.py", line 1, in <module>\n', "    raise X\n",
+    for line in ["starting\n", "Traceback (most recent call last):\n", '  File "x.py", line 1, in <module>\n',
+                 "    raise X\n",
                  "requests.exceptions.ConnectionError: HTTPConnectionPool(host='127.0.0.1', port=9)\n",
-                 "\n", "During handling of the above exception, another exception occurred:\n", "\n", "Traceback (most recent call last):\n",
-                 '  File "y.py", line 2\n', "mutualrl.services.rollout.http_engines.EngineUnavailable: vllm at http://127.0.0.1:9: not reachable\n"]:
+                 "\n", "During handling of the above exception, another exception occurred:\n", "\n",
+                 "Traceback (most recent call last):\n",
+                 '  File "y.py", line 2\n',
+                 UNAVAILABLE + "\n"]:
         s.note_output(line)
-    assert s.last_error == "mutualrl.services.rollout.http_engines.EngineUnavailable: vllm at http://127.0.0.1:9: not reachable"
+    assert s.last_error == UNAVAILABLE
     rich = Service("b.rollout", "rollout", "b", [], 0)
-    for line in ["╭──────── Traceback (most recent call last) ────────╮\n", "│ /x.py:1 in f                                      │\n",
-                 "╰───────────────────────────────────────────────────╯\n", "EngineUnavailable: no vLLM server at http://127.0.0.1:9:\n",
+    for line in ["╭──────── Traceback (most recent call last) ────────╮\n",
+                 "│ /x.py:1 in f                                      │\n",
+                 "╰───────────────────────────────────────────────────╯\n",
+                 "EngineUnavailable: no vLLM server at http://127.0.0.1:9:\n",
                  "/version (Caused by NewConnectionError(...))\n"]:
         rich.note_output(line)
     assert rich.last_error == "EngineUnavailable: no vLLM server at http://127.0.0.1:9:"

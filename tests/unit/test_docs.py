@@ -29,5 +29,6 @@ def test_cited_sections_exist():
 
 def test_nothing_cites_a_file_outside_the_repo():
     outside = [str(p.relative_to(ROOT)) for p in CODE if p.name != "test_docs.py"
-               and re.search(r"\bshared/|(?<!docs/)\b(design|engines|environment|style)\.md|(?<!docs/)\balgorithms\.md", p.read_text())]
+               and re.search(r"\bshared/|(?<!docs/)\b(design|engines|environment|style)\.md|(?<!docs/)\balgorithms\.md",
+                             p.read_text())]
     assert not outside, outside

@@ -5,7 +5,16 @@ import math
 import pytest
 import torch
 
-from mutualrl.grpo import RescueItem, agg_loss, group_stats, grpo_advantages, kl_penalty, ppo_clip_loss, select_rescues, sgt_nll
+from mutualrl.grpo import (
+    RescueItem,
+    agg_loss,
+    group_stats,
+    grpo_advantages,
+    kl_penalty,
+    ppo_clip_loss,
+    select_rescues,
+    sgt_nll,
+)
 from mutualrl.grpo.advantages import ADVANTAGE_ESTIMATORS
 
 
@@ -70,7 +79,8 @@ def test_ppo_clip_hand_computed():
 
 def test_ppo_dual_clip_caps_negative_advantage_loss():
     # ratio = e^{3} = 20.1 with A = -1: unclipped loss 20.1, dual clip caps it at -A*c = 3
-    out = ppo_clip_loss(torch.tensor([[3.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), clip_ratio_c=3.0)
+    out = ppo_clip_loss(torch.tensor([[3.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1),
+                        clip_ratio_c=3.0)
     assert out.loss.item() == pytest.approx(3.0)
 
 

@@ -69,4 +69,5 @@ def test_hacpo_rows_schedule_that_would_mix_is_refused():
     base = Path(__file__).resolve().parents[2] / "examples" / "baselines" / "hacpo.yaml"
     with pytest.raises(ConfigError, match="would mix own and peer rows"):
         load_config(base, ["sharing.hacpo.schedule=rows", "algorithm.minibatch_rows=48"])
-    assert load_config(base, ["sharing.hacpo.schedule=rows", "algorithm.minibatch_rows=64"]).sharing.hacpo.schedule == "rows"
+    assert load_config(base,
+                       ["sharing.hacpo.schedule=rows", "algorithm.minibatch_rows=64"]).sharing.hacpo.schedule == "rows"

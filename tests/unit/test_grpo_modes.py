@@ -99,7 +99,8 @@ def test_xgrpo_pooled_hand_computed():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0])
     g = torch.zeros(4, dtype=torch.long)
     c, m, s = _stats([1, 1, 1, 0])
-    adv, base, scale = xgrpo_advantages(r, g, torch.full((4, 1), c), torch.full((4, 1), m), torch.full((4, 1), s), epsilon=0.0)
+    adv, base, scale = xgrpo_advantages(r, g, torch.full((4, 1), c), torch.full((4, 1), m), torch.full((4, 1), s),
+                                        epsilon=0.0)
     assert base.tolist() == pytest.approx([0.5] * 4)
     assert scale.tolist() == pytest.approx([0.534522] * 4, abs=1e-6)
     assert adv.tolist() == pytest.approx([0.935414, -0.935414, -0.935414, -0.935414], abs=1e-6)
@@ -139,7 +140,8 @@ def test_xgrpo_loop_equals_vectorised(variant):
             s = peer_samples[int(g[i])][j]
             if s:
                 cnt[i, j], mean[i, j], std[i, j] = _stats(s)
-    adv, base, scale = xgrpo_advantages(r, g, cnt, mean, std, variant=variant, peer_omega=omega if variant == "calibrated" else None, epsilon=1e-6)
+    adv, base, scale = xgrpo_advantages(r, g, cnt, mean, std, variant=variant,
+                                        peer_omega=omega if variant == "calibrated" else None, epsilon=1e-6)
     for i in range(G * K):
         own = [float(r[k]) for k in range(G * K) if g[k] == g[i] and (variant != "leave_self_out" or k != i)]
         pool = list(own)
@@ -266,7 +268,8 @@ def test_cross_clip_lower_schedule():
 
 def _hacpo(logp, src_mean, adv, is_self, omega, **kw):
     mask = torch.ones_like(logp)
-    return hacpo_loss(logp, mask, torch.tensor(src_mean), torch.tensor(adv), torch.tensor(is_self), torch.tensor(omega), **kw)
+    return hacpo_loss(logp, mask, torch.tensor(src_mean), torch.tensor(adv), torch.tensor(is_self), torch.tensor(omega),
+                      **kw)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0, 3.0])
@@ -304,7 +307,8 @@ def test_hacpo_self_rows_are_gspo_and_kl_only_on_self_tokens():
     logp = (torch.randn(2, 3) * 0.1 - 1).requires_grad_(True)
     src = logp.detach().mean(-1) + 1e-5  # self ratio ≈ 1
     ref = torch.full((2, 3), -2.0)
-    out = hacpo_loss(logp, torch.ones(2, 3), src, torch.tensor([1.0, 0.0]), torch.tensor([True, False]), torch.tensor([1.0, 1.0]),
+    out = hacpo_loss(logp, torch.ones(2, 3), src, torch.tensor([1.0, 0.0]), torch.tensor([True, False]),
+                     torch.tensor([1.0, 1.0]),
                      ref_logp=ref, kl_coef=0.5, kl_type="k3")
     out.loss.backward()
     # the cross row has A = 0 and no KL: its gradient is exactly zero
@@ -352,6 +356,7 @@ def test_prp_token_level_uses_transported_logprobs_and_mask():
 def test_sgt_group_insert_hand_computed():
     # own [0,0,0] + y* (reward 1): mean 0.25, std sqrt((3·0.0625 + 0.5625)/3) = 0.5
     # y*: 0.75/0.5 = 1.5; own failures: -0.25/0.5 = -0.5 (GRPO alone would give them 0)
-    own_adv, res_adv = group_insert_advantages(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(1, dtype=torch.long), epsilon=0.0)
+    own_adv, res_adv = group_insert_advantages(torch.zeros(3), torch.zeros(3, dtype=torch.long),
+                                               torch.zeros(1, dtype=torch.long), epsilon=0.0)
     assert res_adv.tolist() == pytest.approx([1.5])
     assert own_adv.tolist() == pytest.approx([-0.5] * 3)

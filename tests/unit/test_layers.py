@@ -5,6 +5,9 @@ upward one, and on a service reaching into another service."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,17 +23,16 @@ def _layer(module: str) -> tuple[int, str]:
     return 0, "lib"
 
 
+SOURCE_ROOTS = [*sorted((ROOT / "libs").glob("*/src")), ROOT / "services" / "src", ROOT / "app" / "src"]
+"""Where the ``mutualrl`` namespace lives: a module's path under its root is its import name."""
+
+
 def _modules() -> list[tuple[str, Path]]:
-    roots = {"libs/core": "mutualrl", "app": "mutualrl.app", "services": "mutualrl.services"}
-    for d in sorted((ROOT / "libs").iterdir()):
-        if d.is_dir() and d.name != "core":
-            roots[f"libs/{d.name}"] = f"mutualrl.{d.name}"
     out = []
-    for rel, pkg in roots.items():
-        for f in sorted((ROOT / rel).rglob("*.py")):
-            sub = f.relative_to(ROOT / rel).with_suffix("").parts
-            sub = sub[:-1] if sub[-1] == "__init__" else sub
-            out.append((".".join((pkg, *sub)), f))
+    for root in SOURCE_ROOTS:
+        for f in sorted(root.rglob("*.py")):
+            parts = f.relative_to(root).with_suffix("").parts
+            out.append((".".join(parts[:-1] if parts[-1] == "__init__" else parts), f))
     return out
 
 
@@ -46,7 +48,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 def test_every_package_is_walked():
     names = {m for m, _ in _modules()}
-    for expected in ("mutualrl.app.cli", "mutualrl.services.mwra.planner", "mutualrl.weights.store", "mutualrl.runtime.policy_setup"):
+    for expected in ("mutualrl.app.cli", "mutualrl.services.mwra.planner", "mutualrl.weights.store",
+                     "mutualrl.runtime.policy_setup"):
         assert expected in names
 
 
@@ -74,7 +77,8 @@ def test_no_import_circles():
     too)."""
     modules = dict(_modules())
     known = set(modules)
-    graph = {m: {t for _, imp in _imports(path) if (t := _target_module(imp, known)) and t != m} for m, path in modules.items()}
+    graph = {m: {t for _, imp in _imports(path) if (t := _target_module(imp,
+        known)) and t != m} for m, path in modules.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -106,3 +110,30 @@ def test_no_import_circles():
         if m not in index:
             visit(m)
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_a_path_based_tool_resolves_every_import_to_its_file():
+    """``ruff analyze graph`` knows only the source roots in ``pyproject.toml`` (no import→folder
+    table) and finds the file of every ``mutualrl`` import in the libraries, services and
+    application — what an architecture viewer or an editor without the install needs."""
+    ruff = Path(sys.executable).with_name("ruff")
+    out = subprocess.run([str(ruff), "analyze", "graph", "libs", "services", "app"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    graph = json.loads(out.stdout)
+    by_file = {str(path.relative_to(ROOT)): module for module, path in _modules()}
+    assert set(graph) == set(by_file), "ruff and the source roots disagree on which files are modules"
+    unresolved, resolved = [], 0
+    for rel, module in sorted(by_file.items()):
+        deps = set()
+        for d in graph[rel]:
+            parts = Path(d).with_suffix("").parts
+            i = parts.index("mutualrl")
+            deps.add(".".join(parts[i:-1] if parts[-1] == "__init__" else parts[i:]))
+        for line, target in _imports(ROOT / rel):
+            if target == "mutualrl" or any(d == target or d.startswith(target + ".") for d in deps):
+                resolved += 1
+            else:
+                unresolved.append(f"{rel}:{line} {target}")
+    assert not unresolved, "imports ruff cannot follow to a file:\n" + "\n".join(unresolved)
+    assert resolved > 300  # the imports counted (367 when this test was written)
+    print(f"ruff analyze graph resolved {resolved} mutualrl imports in {len(by_file)} modules")

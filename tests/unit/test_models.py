@@ -93,7 +93,8 @@ def test_built_policy_saves_and_loads_from_a_local_path(tmp_path, arithmetic_tas
 
 
 def test_built_tokenizer_is_cached_by_content(arithmetic_task):
-    kw = dict(family="llama", shape=SHAPE, tokenizer_kind="bpe", vocab_size=280, corpus=arithmetic_task.corpus, corpus_fingerprint=arithmetic_task.fingerprint())
+    kw = dict(family="llama", shape=SHAPE, tokenizer_kind="bpe", vocab_size=280, corpus=arithmetic_task.corpus,
+              corpus_fingerprint=arithmetic_task.fingerprint())
     a = load_policy(**kw)
     calls = []
     b = load_policy(**{**kw, "corpus": lambda: calls.append(1) or arithmetic_task.corpus()})
@@ -111,7 +112,8 @@ def test_policy_needs_exactly_one_source(tmp_path):
 
 def test_loaded_policies_have_no_dropout(arithmetic_task):
     """Train-mode forward must equal eval-mode forward, or on-policy PPO ratios drift from 1."""
-    arts = load_policy(family="gpt2", shape=SHAPE, tokenizer_kind="char", corpus=arithmetic_task.corpus, corpus_fingerprint=arithmetic_task.fingerprint())
+    arts = load_policy(family="gpt2", shape=SHAPE, tokenizer_kind="char", corpus=arithmetic_task.corpus,
+                       corpus_fingerprint=arithmetic_task.fingerprint())
     tok, model = arts.tokenizer, arts.model
     p, c = [encode_prompt(tok, "1+2=", False)], [encode_completion(tok, "3")]
     model.train()
@@ -148,7 +150,8 @@ def test_a_peers_tokenizer_loads_without_its_model(monkeypatch, tmp_path):
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml", ["task.train_size=500"])
     task, _ = build_task_from_config(cfg)
     p = cfg.policies[1]
-    built = load_policy(family=p.model.family, shape=SHAPE, tokenizer_kind=p.tokenizer.kind, vocab_size=p.tokenizer.vocab_size,
+    built = load_policy(family=p.model.family, shape=SHAPE, tokenizer_kind=p.tokenizer.kind,
+                        vocab_size=p.tokenizer.vocab_size,
                         corpus=task.corpus, corpus_fingerprint=task.fingerprint(), cache_dir=tmp_path)
 
     def no_models(*a, **k):

@@ -52,7 +52,8 @@ def test_a_policy_on_the_trimmed_vocabulary(tmp_path):
     """The config kind builds a model whose embedding is the trimmed size; prompt and completion
     round-trip, and the cache entry is keyed by the alphabet (a second task gets its own)."""
     task = ArithmeticTask(min_digits=3, max_digits=3, operators="+")
-    arts = load_policy(family="qwen2", tokenizer_kind="qwen2.5-task", corpus=task.corpus, corpus_fingerprint=task.fingerprint(), cache_dir=tmp_path)
+    arts = load_policy(family="qwen2", tokenizer_kind="qwen2.5-task", corpus=task.corpus,
+                       corpus_fingerprint=task.fingerprint(), cache_dir=tmp_path)
     tok = arts.tokenizer
     assert arts.model.get_input_embeddings().num_embeddings == len(tok) < 300
     ids = encode_prompt(tok, "123+456=", False) + encode_completion(tok, "579")

@@ -10,12 +10,14 @@ from mutualrl.config.schema import ExperimentConfig  # noqa: E402
 from mutualrl.runtime.policy_setup import build_task_from_config  # noqa: E402
 
 REAL = {"name": "real", "model": {"path": "/models/some-instruct"}}
-EASY_SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}
+EASY_SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"],
+             "allow_parentheses": False, "allow_negation": False}
 
 
 def _task(dataset, settings=None, policy=REAL, **task):
-    cfg = ExperimentConfig(name="x", policies=[policy], task={"name": "reasoning_gym", "dataset": dataset, "dataset_config": settings or {},
-                                                               "train_size": 200, "eval_size": 20, **task})
+    cfg = ExperimentConfig(name="x", policies=[policy],
+                           task={"name": "reasoning_gym", "dataset": dataset, "dataset_config": settings or {},
+                                 "train_size": 200, "eval_size": 20, **task})
     return build_task_from_config(cfg)
 
 

@@ -7,7 +7,8 @@ from mutualrl.v1 import experience_pb2 as pb
 
 
 def _payload():
-    return pb.Rollout(prompt_id="p", completion_text="é" * 300, token_ids=[1, 2, 300], logprobs=[-0.5, -0.25, -1.0], reward=1.0)
+    return pb.Rollout(prompt_id="p", completion_text="é" * 300, token_ids=[1, 2, 300], logprobs=[-0.5, -0.25, -1.0],
+                      reward=1.0)
 
 
 def test_wrap_encoded_is_the_deterministic_serialisation_plus_signature():
@@ -25,7 +26,8 @@ def test_signature_verifies_in_either_field_order_and_catches_tampering():
     c = EnvelopeCodec(b"key")
     _, data = c.wrap_encoded(_payload(), "a")
     env = c.decode(data)
-    assert c.decode(env.SerializeToString(deterministic=True)).message_id == env.message_id  # signature re-serialised in place
+    # signature re-serialised in place
+    assert c.decode(env.SerializeToString(deterministic=True)).message_id == env.message_id
     tampered = bytearray(data)
     tampered[40] ^= 0x01
     with pytest.raises(CodecError) as e:

@@ -7,7 +7,15 @@ import pytest
 
 from mutualrl.see import ExperienceExchange, InProcessBroker
 from mutualrl.see.codec import CodecError, EnvelopeCodec
-from mutualrl.see.identity import Keyring, derive_key, format_keys, keys_for_service, owner_of, parse_keys, services_read
+from mutualrl.see.identity import (
+    Keyring,
+    derive_key,
+    format_keys,
+    keys_for_service,
+    owner_of,
+    parse_keys,
+    services_read,
+)
 from mutualrl.v1 import experience_pb2 as pb
 
 RUN_KEY = "0f" * 32
@@ -15,7 +23,8 @@ POLICIES = ["a", "b", "c"]
 
 
 def test_every_stream_has_one_owning_service():
-    assert owner_of("rollout", "a") == owner_of("verified_success", "a") == owner_of("advantage_stats", "a") == "a.rollout"
+    assert owner_of("rollout", "a") == owner_of("verified_success", "a") == owner_of("advantage_stats",
+        "a") == "a.rollout"
     assert owner_of("weights_published", "a") == "a.learner"
     assert owner_of("heartbeat", "a.learner") == "a.learner" and owner_of("heartbeat", "a.rollout") == "a.rollout"
 
@@ -32,8 +41,10 @@ def test_keys_are_distinct_per_service_and_match_the_documented_derivation():
 
 def test_each_service_holds_its_own_key_and_only_its_sources_keys():
     assert set(keys_for_service(RUN_KEY, "a", "rollout", POLICIES)) == {"a.rollout", "a.learner"}
-    assert set(keys_for_service(RUN_KEY, "a", "learner", POLICIES)) == {"a.learner", "a.rollout", "b.rollout", "c.rollout"}
-    assert set(keys_for_service(RUN_KEY, "mwra", "observer", POLICIES)) == {f"{p}.{r}" for p in POLICIES for r in ("rollout", "learner")}
+    assert set(keys_for_service(RUN_KEY, "a", "learner", POLICIES)) == {"a.learner", "a.rollout", "b.rollout",
+        "c.rollout"}
+    assert set(keys_for_service(RUN_KEY, "mwra", "observer",
+                                POLICIES)) == {f"{p}.{r}" for p in POLICIES for r in ("rollout", "learner")}
     assert services_read("b", "rollout", POLICIES) == ["b.learner"]
     with pytest.raises(ValueError, match="role must be one of"):
         services_read("a", "judge", POLICIES)
@@ -54,7 +65,8 @@ def _codec(policy: str, role: str) -> EnvelopeCodec:
 
 
 def test_a_receiver_accepts_only_what_the_owning_service_signed():
-    rollout_a, learner_a, learner_b, rollout_b = _codec("a", "rollout"), _codec("a", "learner"), _codec("b", "learner"), _codec("b", "rollout")
+    rollout_a, learner_a, learner_b, rollout_b = _codec("a", "rollout"), _codec("a", "learner"), _codec("b",
+        "learner"), _codec("b", "rollout")
     _, data = rollout_a.wrap_encoded(pb.Rollout(prompt_id="p", reward=1.0), "a")
     assert learner_a.decode(data).rollout.prompt_id == "p" and learner_b.decode(data).producer == "a"
     # b's rollout service holds no key of a's rollout service: it cannot check (nor forge) a's rollouts
@@ -74,7 +86,8 @@ def test_a_receiver_accepts_only_what_the_owning_service_signed():
 
 
 def test_a_service_cannot_sign_for_a_service_whose_key_it_lacks():
-    ex = ExperienceExchange(InProcessBroker(), "mutualrl:k", keys=Keyring(keys_for_service(RUN_KEY, "a", "rollout", POLICIES)))
+    ex = ExperienceExchange(InProcessBroker(), "mutualrl:k",
+                            keys=Keyring(keys_for_service(RUN_KEY, "a", "rollout", POLICIES)))
     assert ex.publish(pb.Rollout(prompt_id="p"), "a")
     with pytest.raises(KeyError, match="no signing key for b.rollout"):
         ex.publish(pb.Rollout(prompt_id="p"), "b")

@@ -38,14 +38,17 @@ def test_no_service_names_a_mode_outside_its_class():
     """A mode's name appears only in its own module under ``modes/`` (and the registry there)."""
     offenders = {}
     for path in sorted(SERVICES.rglob("*.py")):
-        if path.parent.name == "modes" or "mwra" in path.parts:  # MWRA's strategies are allocation plans, not sharing modes
+        # MWRA's strategies are allocation plans, not sharing modes
+        if path.parent.name == "modes" or "mwra" in path.parts:
             continue
         if named := _names_modes(path):
             offenders[str(path.relative_to(SERVICES))] = named
     assert not offenders, f"modes named outside their classes: {offenders}"
 
 
-@pytest.mark.parametrize("mode,tracker", [("none", False), ("naive", False), ("prp", False), ("xgrpo", False), ("sgt", False), ("hacpo", True)])
+@pytest.mark.parametrize("mode,tracker",
+                         [("none", False), ("naive", False), ("prp", False), ("xgrpo", False), ("sgt", False),
+                          ("hacpo", True)])
 def test_a_strategy_brings_a_capability_tracker_only_when_its_mode_weighs_peers(mode, tracker):
     s = make_mode("me", AlgorithmConfig(), SharingConfig(mode=mode), 8)
     assert type(s).__name__ and (s.tracker is not None) == tracker

@@ -9,7 +9,8 @@ def test_thl_inspect_json(tmp_path, tokenizers):
     tokenizers["bpe"].save_pretrained(tmp_path / "bpe")
     tokenizers["char"].save_pretrained(tmp_path / "char")
     p = subprocess.run(
-        [sys.executable, "-m", "mutualrl.app.cli", "thl", "inspect", "--source", str(tmp_path / "bpe"), "--target", str(tmp_path / "char"), "--text", "12+34=46", "--json"],
+        [sys.executable, "-m", "mutualrl.app.cli", "thl", "inspect", "--source", str(tmp_path / "bpe"), "--target",
+         str(tmp_path / "char"), "--text", "12+34=46", "--json"],
         capture_output=True, text=True, timeout=120,
     )
     assert p.returncode == 0, p.stderr
@@ -22,13 +23,15 @@ def test_thl_inspect_json(tmp_path, tokenizers):
 
 
 def test_thl_inspect_bad_directory(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "thl", "inspect", "--source", str(tmp_path / "x"), "--target", str(tmp_path), "--text", "a"],
+    p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "thl", "inspect", "--source", str(tmp_path / "x"),
+                        "--target", str(tmp_path), "--text", "a"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "not a tokenizer directory" in p.stderr
 
 
 def _inspect(*args):
-    return subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "thl", "inspect", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "thl", "inspect", *args], capture_output=True,
+                          text=True, timeout=120)
 
 
 def test_thl_inspect_reports_text_a_vocabulary_cannot_spell(tmp_path, tokenizers):

@@ -5,7 +5,8 @@ import pytest
 from mutualrl.models import build_tokenizer
 from mutualrl.thl import ThlBudget, align_spans, convert, token_byte_spans, transport_logprobs
 
-PAIRS = [("char", "bpe"), ("bpe", "char"), ("bpe", "unigram"), ("unigram", "char"), ("char", "unigram"), ("unigram", "bpe"),
+PAIRS = [("char", "bpe"), ("bpe", "char"), ("bpe", "unigram"), ("unigram", "char"), ("char", "unigram"),
+         ("unigram", "bpe"),
          ("bpe", "bpe-digits"), ("bpe-digits", "unigram")]
 
 
@@ -63,7 +64,8 @@ def test_non_canonical_source_path_is_flagged(tokenizers):
     bpe = tokenizers["bpe"]
     # a merged two-character token, e.g. '+3' or '=4': sampling its characters one by one is a
     # valid but non-canonical path to the same text
-    merged = next(t for t, i in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1]) if len(t) == 2 and all(c in "0123456789+=" for c in t))
+    merged = next(t for t, i in sorted(bpe.get_vocab().items(),
+                                       key=lambda kv: kv[1]) if len(t) == 2 and all(c in "0123456789+=" for c in t))
     split = [bpe.convert_tokens_to_ids(merged[0]), bpe.convert_tokens_to_ids(merged[1])]
     c = convert(bpe, tokenizers["char"], source_ids=split, source_logprobs=[-1.0, -1.0])
     assert c.residual.non_canonical and c.text == merged
@@ -111,7 +113,8 @@ def test_unigram_byte_fallback_pieces_group_with_their_character():
     from mutualrl.thl import convert_batch
 
     b = convert_batch(uni, char, [ids], [lps], with_groups=True)[0]
-    assert [g.to_dict() for g in b.groups] == [g.to_dict() for g in c.groups] and b.target_logprobs == pytest.approx(c.target_logprobs)
+    assert [g.to_dict() for g in b.groups] == [g.to_dict() for g in c.groups]
+    assert b.target_logprobs == pytest.approx(c.target_logprobs)
 
 
 def test_wordpiece_whitespace_loss_is_reported_not_aligned():

@@ -75,12 +75,15 @@ def test_init_seed_pins_a_policys_starting_point_wherever_it_is_listed(tmp_path)
     from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy
 
     def sources(order: list[str], pinned: bool) -> dict[str, str]:
-        pol = {n: f"{{name: {n}, model: {{family: llama, hidden_size: 32, num_layers: 1, num_heads: 4, intermediate_size: 64, max_positions: 32}}, "
-                  f"tokenizer: {{kind: char}}, warm_start: {{enabled: false}}{', init_seed: 7' if pinned and n == 'a' else ''}}}" for n in order}
+        pol = {n: f"{{name: {n}, model: {{family: llama, hidden_size: 32, num_layers: 1, num_heads: 4, "
+               "intermediate_size: 64, max_positions: 32}, tokenizer: {kind: char}, warm_start: {enabled: "
+               f"false}}{', init_seed: 7' if pinned and n == 'a' else ''}}}" for n in order}
         cfg = parse_config("name: t\npolicies: [" + ", ".join(pol[n] for n in order) + "]\n"
-                           "task: {name: arithmetic, min_digits: 1, max_digits: 1, train_size: 64, eval_size: 8}\n", "t")
+                           "task: {name: arithmetic, min_digits: 1, max_digits: 1, train_size: 64, eval_size: 8}\n",
+                           "t")
         task, verifier = build_task_from_config(cfg)
-        return {p.name: prepare_policy(cfg, i, task, verifier, tmp_path).arts.source for i, p in enumerate(cfg.policies)}
+        return {p.name: prepare_policy(cfg, i, task, verifier,
+                                       tmp_path).arts.source for i, p in enumerate(cfg.policies)}
 
     assert sources(["a", "b"], False)["a"] != sources(["b", "a"], False)["a"]
     assert sources(["a", "b"], True)["a"] == sources(["b", "a"], True)["a"]

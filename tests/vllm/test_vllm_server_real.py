@@ -31,14 +31,17 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     task = build_task("arithmetic", seed=0, min_digits=1, max_digits=2, train_size=500, eval_size=16)
     # vLLM's CPU attention kernels need head_dim >= 32: hidden 128 over 2 heads
-    arts = load_policy(family="llama", shape=ModelShape(128, 2, 2, 256, 64), tokenizer_kind="char", corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=1)
+    arts = load_policy(family="llama", shape=ModelShape(128, 2, 2, 256, 64), tokenizer_kind="char", corpus=task.corpus,
+                       corpus_fingerprint=task.fingerprint(), seed=1)
     model_dir = root / "model"
     arts.model.save_pretrained(model_dir)
     arts.tokenizer.save_pretrained(model_dir)
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "64", "--enforce-eager", "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1", "--seed", "0"]
+    cmd = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
+           "--dtype", "float32",
+           "--max-model-len", "64", "--enforce-eager", "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
+           "--seed", "0"]
     log = (root / "server.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -65,7 +68,8 @@ def _max_logprob_gap(model, tok, prompts, groups) -> float:
     samples = [s for g in groups for s in g]
     lp, _ = sequence_logprobs(model, flat_p, [s.token_ids for s in samples], pad_id=tok.pad_token_id)
     T = lp.shape[1]
-    return max(abs(a - b) for i, s in enumerate(samples) for a, b in zip(lp[i, T - len(s.token_ids) :].tolist(), s.logprobs))
+    return max(abs(a - b) for i, s in enumerate(samples) for a, b in zip(lp[i, T - len(s.token_ids) :].tolist(),
+        s.logprobs))
 
 
 def test_real_vllm_logprobs_equal_the_policy_and_reload_serves_new_weights(server):
@@ -77,7 +81,8 @@ def test_real_vllm_logprobs_equal_the_policy_and_reload_serves_new_weights(serve
     groups = eng.generate(prompts, SamplingSpec(n=4, max_new_tokens=8, temperature=1.0, seed=1))
     assert [len(g) for g in groups] == [4, 4]
     for s in (s for g in groups for s in g):
-        assert len(s.logprobs) == len(s.token_ids) and (s.finish_reason == "length" or s.token_ids[-1] == tok.eos_token_id)
+        assert len(s.logprobs) == len(s.token_ids)
+        assert s.finish_reason == "length" or s.token_ids[-1] == tok.eos_token_id
     with torch.no_grad():
         assert _max_logprob_gap(model, tok, prompts, groups) < 1e-4  # processed log-probs at T=1 are the policy's
 

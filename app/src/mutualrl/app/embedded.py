@@ -1,0 +1,215 @@
+"""The embedded run: every policy's rollout worker and learner in one process.
+
+Workers and learners talk only through SEE (in-process backend) and the
+rollout-engine interface — the boundaries the services use — so splitting
+them into processes swaps transports, not logic.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from mutualrl.config import ConfigError, ExperimentConfig, dump_config
+from mutualrl.models.cache import default_cache_dir
+from mutualrl.models.policy import PolicyArtifacts
+from mutualrl.runtime.distributor import PromptDistributor
+from mutualrl.runtime.exchange_setup import open_exchange
+from mutualrl.runtime.outputs import (
+    MetricsWriter,
+    plot_curves,
+    policy_summary,
+    read_metrics,
+    save_checkpoint,
+    write_summary,
+)
+from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.services.learner import Learner, TokenizerRegistry
+from mutualrl.services.learner.loop import LearnerLoop
+from mutualrl.services.learner.setup import make_learner
+from mutualrl.services.rollout import RolloutWorker
+from mutualrl.services.rollout.engine import RolloutEngine
+from mutualrl.services.rollout.factory import build_engine, probe_engine
+from mutualrl.services.rollout.http_engines import EngineUnavailable
+from mutualrl.services.rollout.setup import make_worker
+from mutualrl.weights import WeightStore
+from mutualrl.weights.handshake import WeightsFollower
+
+
+@contextmanager
+def _engine_errors(policy: str) -> Iterator[None]:
+    """An engine server that is absent or lacks a capability is a setup problem: one line, exit 2."""
+    try:
+        yield
+    except EngineUnavailable as e:
+        raise ConfigError(f"policy {policy!r}: {e}") from e
+
+
+def _refused(policy: str):
+    """In one process there is no older engine to fall back on: a refused version stops the run."""
+    def fail(version: int, error: Exception) -> None:
+        raise RuntimeError(f"policy {policy!r}: the rollout engine refused weights version {version}: "
+                           f"{error}") from error
+    return fail
+
+
+@dataclass
+class PolicyRuntime:
+    """One policy inside `mutualrl run`: its rollout worker, learner and evaluation state in this process."""
+    name: str
+    artifacts: PolicyArtifacts
+    worker: RolloutWorker
+    learner: Learner
+    loop: LearnerLoop
+    engine: RolloutEngine
+    warm_accuracy: float
+    warm_steps: int
+
+
+class Reporter:
+    """Receives progress events; the CLI plugs a live display in, tests a no-op."""
+
+    def phase(self, text: str) -> None: ...
+
+    def step(self, step: int, total: int, records: list[dict]) -> None: ...
+
+
+def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange, store: WeightStore,
+                    rep: Reporter) -> list[PolicyRuntime]:
+    """Every policy prepared (loaded, warm-started), evaluated at its starting point and given its
+    engine, rollout worker, learner and learner loop."""
+    registry = TokenizerRegistry()
+    runtimes: list[PolicyRuntime] = []
+    prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase) for i in range(len(cfg.policies))]
+    for pp in prepared:
+        registry.register(pp.arts.fingerprint, pp.arts.tokenizer)
+    for pp in prepared:
+        p, arts = pp.config, pp.arts
+        rep.phase(f"[{p.name}] evaluating the starting point")
+        ws_acc = evaluate(pp, arts.model, task, verifier, cfg)
+        with _engine_errors(p.name):
+            engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source)
+        worker = make_worker(cfg, pp, engine, exchange, verifier)
+        learner = make_learner(cfg, pp, exchange, store, registry, verifier)
+        loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg),
+                           steps=cfg.budget.steps, eval_every=cfg.eval.every)
+        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps))
+    return runtimes
+
+
+def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor,
+           followers: dict[str, WeightsFollower],
+           writer: MetricsWriter, rep: Reporter) -> dict[str, float]:
+    """The RL steps: every policy samples the step's prompts, then each learner's loop trains on
+    them and the rollout side loads the new weights. Returns each policy's last held-out accuracy."""
+    rep.phase("training")
+    recent: list[dict] = []
+    last_eval: dict[str, float] = {rt.name: rt.warm_accuracy for rt in runtimes}
+    for step in range(1, cfg.budget.steps + 1):
+        problems = distributor.batch(step)
+        gen = {}
+        for rt in runtimes:
+            t0 = time.monotonic()
+            gen[rt.name] = (rt.worker.run_step(step, problems), time.monotonic() - t0)
+        recent = []
+        for rt in runtimes:
+            roll, gen_s = gen[rt.name]
+            rec = rt.loop.step(step, problems,
+                               {"rollouts": rt.worker.total_rollouts, "shared_out": roll.successes_published,
+                                "gen_s": gen_s}).record
+            followers[rt.name].load_newest()
+            if "eval_accuracy" in rec:
+                last_eval[rt.name] = rec["eval_accuracy"]
+            writer.write(rec)
+            recent.append(rec)
+        rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
+    return last_eval
+
+
+def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None = None,
+                 cache_dir: Path | None = None) -> dict:
+    """Train every policy for ``budget.steps`` and write the run's outputs; the SEE broker
+    (and a local Redis server, when one is started for the run) lives as long as the run."""
+    with ExitStack() as stack:
+        return _run(cfg, out_dir, reporter, cache_dir, stack)
+
+
+def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_dir: Path | None,
+         stack: ExitStack) -> dict:
+    rep = reporter or Reporter()
+    started = time.monotonic()
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out_dir / "config.yaml")
+    metrics_path = out_dir / "metrics.jsonl"
+    metrics_path.write_text("")
+    writer = MetricsWriter(metrics_path)
+    cache = cache_dir or default_cache_dir()
+
+    rep.phase(f"building task {cfg.task.name}")
+    task, verifier = build_task_from_config(cfg)
+
+    for p in cfg.policies:  # pre-flight: an absent engine server fails before any model work
+        if p.engine.backend != "hf":
+            with _engine_errors(p.name):
+                probe_engine(p.engine)
+    rep.phase(f"opening the experience exchange ({cfg.broker.backend})")
+    exchange = stack.enter_context(open_exchange(cfg))
+    # external engines (vllm, sglang) read weights from disk; in-process ones share memory
+    store = WeightStore(out_dir / "weights") if any(p.engine.backend != "hf" for p in cfg.policies) else WeightStore()
+    runtimes = _build_runtimes(cfg, task, verifier, cache, exchange, store, rep)
+
+    # the rollout side loads each version the learner announces (write, then announce, then load)
+    followers = {rt.name: WeightsFollower(rt.name, exchange, store, rt.engine.update_weights,
+                                          lambda e=rt.engine: e.info().weights_version,
+                                          on_refused=_refused(rt.name)) for rt in runtimes}
+    distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+    for rt in runtimes:
+        writer.write({"step": 0, "policy": rt.name, "rollouts": 0, "eval_accuracy": rt.warm_accuracy,
+                      "phase": "warm_start"})
+
+    rl_started = time.monotonic()
+    last_eval = _train(cfg, runtimes, distributor, followers, writer, rep)
+    writer.close()
+    finished_rl = time.monotonic()
+
+    rep.phase("writing checkpoints and summary")
+    for rt in runtimes:
+        model, opt = rt.loop.finish()
+        save_checkpoint(
+            out_dir / "checkpoints" / rt.name,
+            model,
+            rt.artifacts.tokenizer,
+            opt,
+            {"step": cfg.budget.steps, "weights_version": rt.learner.version, "policy": rt.name,
+             "source": rt.artifacts.source},
+        )
+    records = read_metrics(metrics_path)
+    plot_curves(records, out_dir / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.mode}")
+    return write_summary(
+        out_dir, cfg.name, cfg.sharing.mode, cfg.budget.steps,
+        {
+            rt.name: policy_summary(
+                source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,
+                warm_start_accuracy=rt.warm_accuracy, final_accuracy=last_eval[rt.name],
+                    rollouts=rt.worker.total_rollouts,
+                rescue_count=rt.learner.totals["rescues"],
+                peer_rejections={k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items()
+                                 if k.startswith("rejected_")},
+                tokenizer_fingerprint=rt.artifacts.fingerprint,
+            )
+            for rt in runtimes
+        },
+        # wall seconds of the whole run and of its RL steps (evaluations included, warm starts,
+        # model loading and the final checkpoints not): what a compare's budget is made of
+        elapsed_s=round(time.monotonic() - started, 1), rl_s=round(finished_rl - rl_started, 1),
+            threads=torch.get_num_threads(),
+    )

@@ -1,0 +1,32 @@
+"""Held-out greedy accuracy (the number every curve and summary reports)."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from mutualrl.models.generation import sample
+from mutualrl.models.policy import PromptStyle, encode_prompt
+from mutualrl.tasks import Problem, Verifier
+
+
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    verifier: Verifier,
+    max_new_tokens: int,
+    batch_size: int = 256,
+    prompt_style: PromptStyle | None = None,
+) -> float:
+    """Held-out accuracy: greedy completions of ``problems``, scored by ``verifier``."""
+    if not problems:
+        return 0.0
+    correct = 0.0
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i : i + batch_size]
+        prompts = [encode_prompt(tok, p.prompt, prompt_style) for p in chunk]
+        outs = sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens,
+                      temperature=0.0)
+        texts = [tok.decode(o.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) for o in outs]
+        correct += sum(verifier.score_many(chunk, texts))
+    return correct / len(problems)

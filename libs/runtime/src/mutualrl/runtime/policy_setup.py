@@ -1,0 +1,131 @@
+"""Loading one policy (model, tokenizer, warm start) and the task from the config — shared by
+the embedded run and the services, so a policy is the same object whichever launcher runs it.
+The services build their own parts from a `PreparedPolicy` (`make_worker`, `make_learner`)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from mutualrl.config import ConfigError, ExperimentConfig
+from mutualrl.config.schema import PolicyConfig
+from mutualrl.models.families import ModelShape
+from mutualrl.models.policy import PolicyArtifacts, PromptStyle, load_policy, policy_tokenizer
+from mutualrl.runtime.evaluation import greedy_accuracy
+from mutualrl.runtime.warm_start import warm_start
+from mutualrl.tasks import Task, Verifier, build_task, build_verifier
+
+
+@contextmanager
+def input_errors(what: str) -> Iterator[None]:
+    """Failures while *loading* user-named inputs (files that are missing or malformed, paths
+    that are not models) are input problems: re-raise them as ConfigError, which the CLI
+    prints as one line. Errors anywhere else keep their type and traceback."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
+    """The experiment's task and verifier, built from its ``task`` section."""
+    t = cfg.task
+    common = {"seed": cfg.start_seed, "eval_size": t.eval_size}
+    with input_errors(f"task {t.name}"):
+        if t.name == "arithmetic":
+            task = build_task("arithmetic", train_size=t.train_size, min_digits=t.min_digits, max_digits=t.max_digits,
+                              operators=t.operators, **common)
+        elif t.name == "countdown":
+            task = build_task("countdown", train_size=t.train_size, num_numbers=t.num_numbers, max_number=t.max_number,
+                              **common)
+        elif t.name == "reasoning_gym":
+            task = build_task("reasoning_gym", dataset=t.dataset, settings=t.dataset_config, train_size=t.train_size,
+                              **common)
+        else:
+            task = build_task("jsonl", path=t.path, train_size=t.train_size, **common)
+        return task, build_verifier(t.verifier, task, t.answer_format or "whole")
+
+
+def prompt_style(cfg: ExperimentConfig, p: PolicyConfig) -> PromptStyle:
+    """How policy ``p`` is shown prompts: its chat template setting, and the task's instruction."""
+    return PromptStyle(chat_template=p.tokenizer.chat_template, instruction=cfg.task_instruction())
+
+
+def model_path(p: PolicyConfig, cache: Path | None, phase: Callable[[str], None] = lambda s: None) -> str | None:
+    """``model.path`` as a folder: a preset name (``smollm2-135m-instruct``) is converted on first use."""
+    if not p.model.path:
+        return None
+    from mutualrl.models.pretrained import ModelImportError, resolve_model_path
+
+    try:
+        return resolve_model_path(p.model.path, cache, echo=lambda s: phase(f"[{p.name}] {s}"))
+    except ModelImportError as e:
+        raise ValueError(str(e)) from e
+
+
+@dataclass
+class PreparedPolicy:
+    """A policy ready to train: its config, artifacts and how many warm-start steps it took."""
+    config: PolicyConfig
+    index: int
+    arts: PolicyArtifacts
+    warm_steps: int
+
+
+def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Verifier, cache: Path,
+                   phase: Callable[[str], None] = lambda s: None) -> PreparedPolicy:
+    """Load (or build) the policy and warm-start it; both are cached by content hash, so a
+    second process preparing the same policy loads instead of recomputing."""
+    p = cfg.policies[index]
+    start_seed = p.start_seed(cfg.start_seed, index)  # initial weights and warm start alike
+    phase(f"[{p.name}] loading model")
+    with input_errors(f"policy {p.name!r}"):
+        arts = load_policy(
+            path=model_path(p, cache, phase), family=p.model.family, dtype=getattr(torch, p.torch_dtype_name()),
+            shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size,
+                             p.model.max_positions),
+            tokenizer_path=p.tokenizer.path, tokenizer_kind=p.tokenizer.kind, vocab_size=p.tokenizer.vocab_size,
+            corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=start_seed, cache_dir=cache,
+        )
+    arts.model.to(p.engine.device)
+    steps = 0
+    if p.warm_start.enabled:
+        w = p.warm_start
+        phase(f"[{p.name}] warm start (target {w.target_accuracy:.0%}, at most {w.max_steps} steps)")
+        ws = warm_start(
+            arts.model, arts.tokenizer, task.train, verifier, p.warm_start,
+            source=arts.source, task_fingerprint=task.fingerprint(), seed=start_seed,
+            max_new_tokens=cfg.budget.max_new_tokens, cache_dir=cache, prompt_style=prompt_style(cfg, p),
+            on_progress=lambda s, a, n=p.name, m=p.warm_start.max_steps: phase(
+                f"[{n}] warm start step {s} of max {m}: validation {a:.1%}"),
+        )
+        steps = ws.steps
+        if ws.cached:
+            phase(f"[{p.name}] warm start from the cache: {ws.steps} steps, validation {ws.accuracy:.1%}")
+        if ws.accuracy < p.warm_start.target_accuracy:
+            # RL from a policy that never learned the task has no signal to amplify: say so
+            # loudly instead of training for the whole budget on all-fail groups
+            phase(f"[{p.name}] WARNING: warm start stopped at max_steps ({ws.steps}) with validation "
+                  f"{ws.accuracy:.1%}, below its target {p.warm_start.target_accuracy:.0%}; RL will see few successes "
+                  "(raise warm_start.max_steps or lr, or pin another policies[].init_seed)")
+    return PreparedPolicy(p, index, arts, steps)
+
+
+def peer_tokenizer(cfg: ExperimentConfig, index: int, task: Task, cache: Path):
+    """Policy ``index``'s tokenizer alone (cached by content hash): what a learner needs of a
+    peer — never its model or warm start."""
+    p = cfg.policies[index]
+    with input_errors(f"policy {p.name!r}"):
+        tok, _ = policy_tokenizer(model_path(p, cache), p.tokenizer.path, p.tokenizer.kind, p.tokenizer.vocab_size,
+                                  task.corpus, task.fingerprint(), cache)
+    return tok
+
+
+def evaluate(pp: PreparedPolicy, model, task: Task, verifier: Verifier, cfg: ExperimentConfig) -> float:
+    """A policy's held-out greedy accuracy on the first ``eval.size`` problems, prompted as in training."""
+    return greedy_accuracy(model, pp.arts.tokenizer, task.eval[: cfg.eval.size], verifier, cfg.budget.max_new_tokens,
+                           prompt_style=prompt_style(cfg, pp.config))

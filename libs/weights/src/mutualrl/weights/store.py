@@ -1,0 +1,118 @@
+"""Versioned weight store: learners write a version, rollout engines load it by URI.
+
+Two backends behind one class: ``inproc://`` keeps state dicts in memory for
+embedded runs; a directory stores ``<policy>/v<version>/model.safetensors`` for
+multi-process runs. A version is readable only after ``put`` returns (written
+to a temp name, then renamed), and old versions are deleted only when a
+consumer acknowledges a newer one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from mutualrl.weights.transport import Announce, TensorManifest, tensor_checksum
+
+
+def _checksum(state: dict[str, torch.Tensor]) -> str:
+    return tensor_checksum(state)
+
+
+def verify_checksum(uri: str, checksum: str) -> None:
+    """Raise ValueError unless the checkpoint directory at ``uri`` has this checksum."""
+    path = Path(uri) / "model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights at {uri}")
+    if _checksum(load_file(str(path))) != checksum:
+        raise ValueError(f"checksum mismatch for {uri}")
+
+
+class WeightStore:
+    """The ``filesystem`` weight transport: versioned, checksummed checkpoints that learners
+    publish and rollout engines load. A version's integrity is checked on its first read with a
+    checksum; later reads of the same version and file skip the hash (at 7B it is ~15 GB)."""
+    def __init__(self, root: str | Path | None = None, keep: int = 2):
+        self.root = Path(root) if root else None
+        self.keep = keep
+        self._mem: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        # uri -> (checksum, what was verified: file stat or state id)
+        self._verified: dict[str, tuple[str, object]] = {}
+
+    def put(self, policy: str, version: int, state: dict[str, torch.Tensor], model_config=None) -> tuple[str, str]:
+        """Store a version; returns ``(uri, checksum)``. With ``model_config`` (a transformers
+        config) the directory is a complete Hugging Face checkpoint, which is what vLLM's
+        ``reload_weights`` and SGLang's ``update_weights_from_disk`` read."""
+        cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+        checksum = _checksum(cpu)
+        if self.root is None:
+            with self._lock:
+                self._mem[(policy, version)] = cpu
+            return f"inproc://{policy}/{version}", checksum
+        final = self.root / policy / f"v{version}"
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        # `cpu` holds independent copies, so tied weights no longer share memory (safetensors refuses that)
+        save_file(cpu, str(tmp / "model.safetensors"), metadata={"checksum": checksum, "format": "pt"})
+        if model_config is not None:
+            model_config.save_pretrained(tmp)
+        if final.exists():  # the same version written twice (a retried step): the first write stands
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, final)
+        return str(final), checksum
+
+    def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce,
+                model_config=None) -> tuple[str, str]:
+        """Write the version, then announce it: a reader never sees a version that is not durable."""
+        uri, checksum = self.put(policy, version, state, model_config=model_config)
+        announce(uri, checksum, None)
+        return uri, checksum
+
+    def get(self, uri: str, checksum: str | None = None,
+            manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
+        if uri.startswith("inproc://"):
+            policy, _, version = uri.removeprefix("inproc://").rpartition("/")
+            with self._lock:
+                state = self._mem.get((policy, int(version)))
+            if state is None:
+                raise FileNotFoundError(f"no weights at {uri}")
+        else:
+            path = Path(uri) / "model.safetensors"
+            if not path.is_file():
+                raise FileNotFoundError(f"no weights at {uri}")
+            state = load_file(str(path))
+        if checksum:
+            ident = self._identity(uri, state)
+            if self._verified.get(uri) != (checksum, ident):
+                if _checksum(state) != checksum:
+                    raise ValueError(f"checksum mismatch for {uri}")
+                self._verified[uri] = (checksum, ident)
+        return state
+
+    @staticmethod
+    def _identity(uri: str, state: dict[str, torch.Tensor]) -> object:
+        """What a verified version is remembered by: the file's inode, size and mtime (a rewritten
+        file is hashed again), or the in-memory state's identity."""
+        if uri.startswith("inproc://"):
+            return id(state)
+        st = (Path(uri) / "model.safetensors").stat()
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def acknowledge(self, policy: str, version: int) -> None:
+        """A consumer serves ``version``: versions older than the last ``keep`` may go."""
+        with self._lock:
+            for key in [k for k in self._mem if k[0] == policy and k[1] <= version - self.keep]:
+                del self._mem[key]
+        if self.root is not None and (self.root / policy).is_dir():
+            for d in (self.root / policy).iterdir():
+                if d.name.startswith("v") and d.name[1:].isdigit() and int(d.name[1:]) <= version - self.keep:
+                    shutil.rmtree(d, ignore_errors=True)
+

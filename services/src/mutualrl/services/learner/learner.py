@@ -1,0 +1,432 @@
+"""The learner: one training step from own rollouts (+ peer experience, per the sharing mode).
+
+Algorithm-blind plumbing: the objective comes from ``mutualrl.grpo``; this
+module gathers inputs from SEE, runs the model, steps the optimiser and
+publishes the new weights version (write, then announce).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from mutualrl.config import AlgorithmConfig, SharingConfig
+from mutualrl.config.schema import OptimConfig
+from mutualrl.models.generation import sequence_logprobs
+from mutualrl.models.host import read_scalars
+from mutualrl.models.sharding import full_state_dict, full_value
+from mutualrl.models.sharding import rank as shard_rank
+from mutualrl.see import ExperienceExchange, Received
+from mutualrl.services.learner.modes import make_mode, record_keys
+from mutualrl.services.learner.objective import OWN, PEER, LossInputs, Rows, right_aligned
+from mutualrl.services.learner.own_experience import OwnIntake
+from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
+from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
+from mutualrl.tasks import Problem
+from mutualrl.weights import WeightSender
+from mutualrl.weights.handshake import WeightsPublisher
+
+
+@dataclass
+class StepInputs:
+    """What one step's update is made of, once gathered and scored: the rows (own, then peer),
+    their advantages and HACPO weights, and the SGT rescues. Plain data, so one rank of a
+    sharded learner gathers it and the others receive it."""
+    step: int
+    rows: Rows
+    advantages: torch.Tensor
+    omega: torch.Tensor
+    rescues: list
+
+
+@dataclass
+class UpdateResult:
+    """What one step's optimiser steps report, read back to the host once: per mini-batch losses,
+    gradient norms and diagnostics, and how many mini-batches there were and were skipped."""
+    losses: list[float]
+    grad_norms: list[float]
+    per_minibatch: list[dict]
+    updates: int
+    empty_updates: int
+
+
+@dataclass
+class LearnerSettings:
+    """The learner's algorithm settings, taken from the experiment's algorithm and sharing sections."""
+    group_size: int
+    algorithm: AlgorithmConfig
+    sharing: SharingConfig
+    optim: OptimConfig
+    max_new_tokens: int = 8
+    device: str = "cpu"
+    peer_deadline_s: float = 30.0  # how long to wait for own experience before training on what arrived
+
+
+class Learner:
+    """One policy's trainer: turns its rollouts and admitted peer experience into optimiser steps."""
+    def __init__(
+        self,
+        policy: str,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        exchange: ExperienceExchange,
+        intake: PeerIntake,
+        store: WeightSender,
+        settings: LearnerSettings,
+        peers: list[str],
+        ref_model: PreTrainedModel | None = None,
+    ):
+        self.policy = policy
+        self.model = model.to(settings.device)
+        # FSDP2 (mutualrl.models.sharding)
+        self.sharded = any(hasattr(p, "full_tensor") for p in self.model.parameters())
+        self.tok = tokenizer
+        self.ex = exchange
+        self.intake = intake
+        self.s = settings
+        self.ref_model = ref_model
+        self.weights = WeightsPublisher(policy, exchange, store, model_config=self.model.config)
+        # the size of a published version never changes: computed once, not on every step
+        self.weights_bytes = int(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
+        # fused: the update of a mini-batch without learning signal is skipped on the device
+        # (``found_inf``), so the host never waits for a gradient norm mid-step
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.optim.lr,
+                                     weight_decay=settings.optim.weight_decay, fused=True)
+        self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
+        self.own_intake = OwnIntake(policy, self.own, tokenizer, _context_limit(self.model.config),
+                                    self.model.get_input_embeddings().num_embeddings)
+        # what to read from peers, how to use it
+        self.mode = make_mode(policy, settings.algorithm, settings.sharing, settings.max_new_tokens)
+        kinds = list(self.mode.peer_kinds)
+        self.peer_sub = exchange.subscribe(policy, kinds, peers,
+                                           consumer=f"{policy}-learner") if kinds and peers else None
+        self.tracker = self.mode.tracker
+        self._peer_buffer: list[Received] = []
+        self._to_ack: list[tuple[object, list[Received]]] = []  # (subscription, messages) awaiting commit()
+        # message ids the last step trained on, by kind (the service's ledger)
+        self.last_used: dict[str, list[str]] = {}
+        self.totals: Counter[str] = Counter()
+        self.reputation = PeerReputation()
+        self.consumed: set[str] = set()  # message ids a durable checkpoint covers: never admitted again
+        self.reputation_events: list[ReputationEvent] = []  # of the last step (the service logs them)
+
+    # ---- gathering -------------------------------------------------------
+    def adopt_pending(self, min_idle_ms: int = 0) -> int:
+        """After a restart: take back the entries this learner received but never acknowledged.
+        Those the restored checkpoint already covers (a crash between checkpoint and
+        acknowledgement) are acknowledged now and never trained again; the rest are retrained."""
+        n = 0
+        for sub, buffer in ((self.own, self.own_intake.buffer), (self.peer_sub, self._peer_buffer)):
+            if sub is None:
+                continue
+            got = sub.reclaim(min_idle_ms)
+            covered = [r for r in got if r.envelope.message_id in self.consumed]
+            if covered:
+                sub.ack(covered)
+                self.totals["covered_by_checkpoint"] += len(covered)
+            fresh = [r for r in got if r.envelope.message_id not in self.consumed]
+            buffer += fresh
+            n += len(fresh)
+        return n
+
+    def _not_consumed(self, got: list[Received], sub) -> list[Received]:
+        """Drop (and acknowledge) re-deliveries of messages a checkpoint already covers."""
+        if not self.consumed:
+            return got
+        old = [r for r in got if r.envelope.message_id in self.consumed]
+        if old:
+            sub.ack(old)
+            self.totals["covered_by_checkpoint"] += len(old)
+        return [r for r in got if r.envelope.message_id not in self.consumed]
+
+    def commit(self) -> None:
+        """Acknowledge what the steps since the last commit used (call once their checkpoint is durable)."""
+        for sub, msgs in self._to_ack:
+            sub.ack(msgs)  # type: ignore[attr-defined]
+        self._to_ack = []
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "version": self.version,
+            "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+            "totals": dict(self.totals),
+            "reputation": self.reputation.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        if self.tracker is not None and state.get("tracker"):
+            self.tracker.load_state_dict(state["tracker"])
+        self.totals = Counter(state.get("totals", {}))
+        self.reputation.load_state_dict(state.get("reputation") or {})
+
+    def _collect_peer(self, step: int) -> list[Received]:
+        if self.peer_sub is None:
+            return []
+        got = self._peer_buffer + self._not_consumed(self.peer_sub.poll(), self.peer_sub)
+        now = [r for r in got if r.payload.step <= step]
+        self._peer_buffer = [r for r in got if r.payload.step > step]
+        return now
+
+    # ---- one step --------------------------------------------------------
+    def _apply_reputation(self, step: int, intake: IntakeResult) -> None:
+        """Score this step's checked claims per peer, then drop everything of a quarantined peer
+        (its messages were still checked — that is how it earns its way out — and are
+        acknowledged as consumed, counted as ``quarantined``)."""
+        self.reputation_events = self.reputation.record_step(step, dict(intake.claims), dict(intake.failures))
+        for ev in self.reputation_events:
+            self.totals[f"peer_{ev.action}"] += 1
+        sources = (set(intake.claims) | {r.source_policy for r in [*intake.rows, *intake.rescues]}
+                   | {st.producer for v in intake.stats.values() for st in v})
+        bad = {p for p in sources if self.reputation.quarantined(p)}
+        if not bad:
+            return
+        dropped = sum(1 for r in [*intake.rows, *intake.rescues] if r.source_policy in bad)
+        intake.rows = [r for r in intake.rows if r.source_policy not in bad]
+        intake.rescues = [r for r in intake.rescues if r.source_policy not in bad]
+        for pid in list(intake.stats):
+            kept = [st for st in intake.stats[pid] if st.producer not in bad]
+            dropped += len(intake.stats[pid]) - len(kept)
+            if kept:
+                intake.stats[pid] = kept
+            else:
+                del intake.stats[pid]
+        for p in bad:
+            intake.peer_rewards.pop(p, None)
+        if dropped:
+            intake.rejected["quarantined"] += dropped
+
+    def _add_peer_rows(self, rows: Rows, intake: IntakeResult, metrics: dict) -> None:
+        """Peer rows after own rows, as the mode orders and filters them (HACPO drops
+        incomplete groups, counted)."""
+        peer_rows, dropped = self.mode.peer_rows(intake.rows)
+        if dropped:
+            metrics["incomplete_peer_rows"] = dropped
+            self.totals["incomplete_peer_rows"] += dropped
+        for r in peer_rows:
+            rows.add_row(r, kind=PEER)
+
+    @property
+    def version(self) -> int:
+        """The newest weights version published (every rank of a sharded learner counts alike)."""
+        return self.weights.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.weights.version = value
+
+    def publish_weights(self, step: int) -> None:
+        """Publish the current weights as the next version (a collective on a sharded learner:
+        every rank gathers, rank 0 publishes through :class:`~mutualrl.weights.handshake.WeightsPublisher`)."""
+        weights = full_state_dict(self.model) if self.sharded else self.model.state_dict()
+        if shard_rank() != 0:
+            self.weights.version += 1
+            return
+        self.weights.publish(step, weights)
+
+    def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None,
+                   while_waiting=None) -> dict:
+        """One step. With ``commit=False`` the messages it used stay unacknowledged until
+        :meth:`commit` (a service commits after checkpointing, for lossless resume).
+        ``before_update(inputs)`` is called with the gathered :class:`StepInputs` before the
+        optimiser steps (a sharded learner hands them to its other ranks); ``while_waiting()``
+        between polls for the step's own rollouts, while the weights are not changing (a service
+        sends them again there to a rollout service that missed them)."""
+        t0 = time.monotonic()
+        expected = len(problems) * self.s.group_size
+        by_id = {p.prompt_id: p for p in problems}
+        own = self.own_intake.collect(step, expected, t0 + self.s.peer_deadline_s, by_id, self.totals,
+                                      lambda got: self._not_consumed(got, self.own), while_waiting)
+        stages = {"wait": time.monotonic() - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
+        own = self.own_intake.rescore(own, by_id, self.intake.verifier, self.totals)
+        if not own:
+            return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
+        own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))
+        metrics: dict = {}
+
+        rows = self.own_intake.rows(own)
+        own_successes: dict[str, int] = {}
+        for r in own:
+            own_successes[r.payload.prompt_id] = own_successes.get(r.payload.prompt_id,
+                0) + (1 if r.payload.reward > 0 else 0)
+
+        # ---- peer experience, per the mode's kinds (zero-trust intake) ----
+        peer_msgs = self._collect_peer(step)
+        intake = IntakeResult()
+        by_kind: dict[str, list[Received]] = {}
+        for m in peer_msgs:
+            by_kind.setdefault(m.kind, []).append(m)
+        self.intake.verified_successes(by_kind.get("verified_success", []), step, by_id, intake)
+        self.intake.rollouts(by_kind.get("rollout", []), step, by_id, intake)
+        self.intake.advantage_stats(by_kind.get("advantage_stats", []), step, by_id, intake)
+        self._apply_reputation(step, intake)
+        self._add_peer_rows(rows, intake, metrics)  # none unless the mode reads peer rollouts
+        self.mode.observe([float(r.payload.reward) for r in own], intake)  # once per step, before the update (§2.2)
+
+        rescues = self.mode.rescues(rows, intake, own_successes, self.s.group_size)
+        gate_open = self.mode.gate_open(own_successes, self.s.group_size)
+
+        # ---- advantages once per step, then one update per mini-batch ----
+        step_adv = self.mode.advantages(rows, intake.stats)
+        metrics.update(step_adv.metrics)
+        inputs = StepInputs(step, rows, step_adv.advantages, step_adv.omega, rescues)
+        if before_update is not None:
+            before_update(inputs)  # a sharded learner's other ranks take the same update (service.py)
+        update = self.apply_update(inputs, stages)
+        # acknowledge only after the update used them (at-least-once; dedup on redelivery)
+        self._to_ack += [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
+        self.last_used = {"own": [r.envelope.message_id for r in own],
+                          "peer": [r.envelope.message_id for r in intake.used]}
+        if commit:
+            self.commit()
+        t_sync = time.monotonic()
+        self.publish_weights(step)
+        stages["weight_sync"] = time.monotonic() - t_sync
+        return self._record(step, rows, own, intake, rescues, gate_open, metrics, update, stages, t0)
+
+    def apply_update(self, inputs: StepInputs, stages: dict) -> UpdateResult:
+        """The optimiser steps of one step, one per mini-batch, from inputs a single rank gathered:
+        every rank of a sharded learner runs exactly this (its collectives must match). Raises
+        FloatingPointError (weights untouched by that update) on a non-finite loss or gradient."""
+        step, rows, rescues = inputs.step, inputs.rows, inputs.rescues
+        a = self.s.algorithm
+        kind_all = torch.tensor(rows.kind)
+        src_mean_all = torch.tensor(rows.source_mean_logprob)
+        pad = self.tok.pad_token_id
+        self.model.train()
+        o = self.s.optim
+        # from the step: a resumed learner agrees
+        lr = o.lr * min(1.0, step / o.warmup_steps) if o.warmup_steps else o.lr
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        t_train = time.monotonic()
+        per_mb: list[dict] = []
+        # per mini-batch device values, read back to the host once after the last update
+        losses: list[torch.Tensor] = []
+        grad_norms: list[torch.Tensor] = []
+        skipped: list[torch.Tensor] = []
+        chunks = self.mode.minibatches(rows, a.minibatch_rows)
+        for m, sl in enumerate(chunks):
+            prompts, completions = rows.prompt_token_ids[sl], rows.token_ids[sl]
+            logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad)  # [b, T]
+            T = logp.shape[1]
+            dev = logp.device
+            ref_logp = None
+            if a.kl_coef > 0 and self.ref_model is not None:
+                t_ref = time.monotonic()
+                with torch.no_grad():
+                    ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=pad)
+                stages["logprob"] += time.monotonic() - t_ref
+            out = self.mode.loss(LossInputs(
+                logp=logp,
+                logprobs=right_aligned(rows.logprobs[sl], T).to(dev),
+                mask=right_aligned(rows.mask[sl], T).to(dev),
+                advantages=inputs.advantages[sl].to(dev),
+                kind=kind_all[sl],  # host: choosing rows never waits for the device
+                source_mean_logprob=src_mean_all[sl].to(dev),
+                omega=inputs.omega[sl].to(dev),
+                minibatch_index=m,
+                ref_logp=ref_logp,
+            ))
+            loss = out.loss
+            mb_metrics = dict(out.metrics)
+            extra, extra_metrics = self.mode.rescue_loss(self.model, rescues, m, pad)
+            if extra is not None:
+                loss = loss + extra
+                mb_metrics.update(extra_metrics)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
+            # no learning signal (all advantages 0, every row clipped): AdamW would still move the
+            # weights by its momentum, which is noise, not learning; a non-finite loss or gradient
+            # must not reach the weights either (the step raises below)
+            skip = ~(torch.isfinite(loss.detach()) & torch.isfinite(gn) & (gn > 0))
+            self.opt.found_inf = skip.to(torch.float32)
+            self.opt.step()
+            losses.append(loss.detach())
+            grad_norms.append(gn)
+            skipped.append(skip)
+            per_mb.append(mb_metrics)
+        self.opt.found_inf = None
+        # the one host sync
+        host = read_scalars({"loss": losses, "grad_norm": grad_norms, "skipped": skipped, "mb": per_mb})
+        losses, grad_norms, per_mb = host["loss"], host["grad_norm"], host["mb"]
+        empty_updates = int(sum(host["skipped"]))
+        bad = [m for m, (v, g) in enumerate(zip(losses, grad_norms)) if not (math.isfinite(v) and math.isfinite(g))]
+        if bad:
+            m = bad[0]
+            raise FloatingPointError(f"{self.policy}: non-finite loss or gradient at step {step} (mini-batch {m}: loss "
+                                     f"{losses[m]}, gradient norm {grad_norms[m]}); that update was not applied")
+
+        stages["train"] = time.monotonic() - t_train - stages["logprob"]
+        return UpdateResult(losses, grad_norms, per_mb, len(chunks), empty_updates)
+
+    def _record(self, step: int, rows: Rows, own: list[Received], intake: IntakeResult, rescues: list, gate_open,
+                metrics: dict,
+                update: UpdateResult, stages: dict, t0: float) -> dict:
+        """The step's metrics record (and the running totals)."""
+        losses, grad_norms, per_mb = update.losses, update.grad_norms, update.per_minibatch
+        for k, v in intake.rejected.items():
+            self.totals[f"rejected_{k}"] += v
+        peer_used = rows.count(PEER)
+        shared_in = self.mode.shared_in(peer_used, rescues, intake.stats)
+        self.totals["rescues"] += len(rescues)
+        self.totals["shared_in"] += shared_in
+        for mb in per_mb:  # mean over mini-batches of each diagnostic
+            for k, v in mb.items():
+                metrics.setdefault("_" + k, []).append(v)
+        for k in [k for k in metrics if k.startswith("_")]:
+            vals = [v for v in metrics.pop(k) if isinstance(v, (int, float)) and math.isfinite(v)]
+            if k.endswith("_rows"):  # counts add up over mini-batches; everything else is a mean
+                metrics[k[1:]] = int(sum(vals))
+            else:
+                metrics[k[1:]] = sum(vals) / len(vals) if vals else None
+        kl_value = metrics.get("kl") if metrics.get("kl") is not None else metrics.get("approx_kl")
+        grad_norm = sum(grad_norms) / len(grad_norms)
+        record = {
+            "step": step,
+            "policy": self.policy,
+            "reward_mean": sum(rows.reward[i] for i in range(len(rows)) if rows.kind[i] == OWN) / len(own),
+            "loss": sum(losses) / len(losses),
+            "kl": kl_value if kl_value is not None else 0.0,
+            "clip_frac": self.mode.clip_fraction(metrics),
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            "updates": update.updates,
+            "empty_updates": update.empty_updates,
+            "shared_in": shared_in,
+            "peer_rows": peer_used,
+            "own_rollouts": len(own),
+            "peer_candidates": len(intake.rescues) + len(intake.rows) + sum(len(v) for v in intake.stats.values()),
+            "peer_rejected": dict(intake.rejected),
+            "peer_rescored": intake.rescored,
+            "peers_quarantined": sorted(p for p in set(intake.claims) if self.reputation.quarantined(p)),
+            "reputation_events": [{"peer": e.peer, "action": e.action,
+                                   "failure_rate": round(e.failure_rate, 3)} for e in self.reputation_events],
+            "rescue_count": len(rescues),
+            "gate_open": gate_open,
+            **intake.residual_summary(),
+            "weights_version": self.version,
+            "ratio_mean": metrics.pop("ratio_mean", None),
+            "train_s": time.monotonic() - t0,
+            "stage_seconds": stages,
+            "weights_bytes": self.weights_bytes,
+            "tokens": int(sum(len(c) for c in rows.token_ids)),
+            **{k: metrics.pop(k, None) for k in record_keys()},  # every mode's fields, None where this mode has none
+        }
+        for k, v in metrics.items():
+            record.setdefault(k, v)
+        return record
+
+
+def _context_limit(config) -> int:
+    """The longest prompt + completion the model takes (its position embeddings)."""
+    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1 << 30)

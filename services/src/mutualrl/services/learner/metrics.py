@@ -1,0 +1,124 @@
+"""The learner service's Prometheus metrics: what dashboards and alerts read of one policy's learner
+(deploy/dashboards, deploy/alerts). Every labelled series a dashboard plots is exported from the
+start at 0, so a panel shows a flat line rather than "no data" before the first event."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from mutualrl.runtime.stage_metrics import StageMetrics
+from mutualrl.see import ExperienceExchange, SeeCollector
+from mutualrl.services.learner.learner import Learner
+
+PEER_REJECTION_REASONS = (
+    "stale", "unknown_prompt", "prompt_mismatch", "text_mismatch", "reverify_failed", "quarantined", "malformed",
+    "empty",
+    "unknown_tokenizer", "invalid_stats", "duplicate_stats", "thl_unaligned", "thl_roundtrip",
+)
+OWN_REJECTION_REASONS = ("unknown_prompt", "malformed", "too_long", "bad_token")
+
+
+class LearnerMetrics:
+    """One learner's series in its own registry (served by the service's ops endpoint)."""
+
+    def __init__(self, policy: str, peers: list[str], exchange: ExperienceExchange):
+        self.policy = policy
+        self.registry = r = CollectorRegistry()
+        self.step = Gauge("mutualrl_step", "Last step this service finished.", ["policy", "role"], registry=r)
+        self.version = Gauge("mutualrl_weights_version", "Weights version published.", ["policy", "role"], registry=r)
+        self.thl_unaligned = Gauge("mutualrl_thl_unaligned_ratio",
+                                   "Mean unaligned-byte fraction of the last step's peer messages, by source policy.",
+                                   ["policy", "source"], registry=r)
+        self.thl_logprob = Gauge("mutualrl_thl_logprob_residual_nats",
+                                 "Mean |transported - source| sequence log-prob of the last step's peer messages.",
+                                 ["policy", "source"], registry=r)
+        self.thl_length = Gauge("mutualrl_thl_length_ratio",
+                                "Mean target/source token-length ratio of the last step's peer messages.",
+                                ["policy", "source"], registry=r)
+        self.accuracy = Gauge("mutualrl_eval_accuracy_ratio", "Held-out greedy accuracy at the last evaluation.",
+                              ["policy"], registry=r)
+        self.weights_bytes = Gauge("mutualrl_weights_bytes", "Bytes of the last published weights version.", ["policy"],
+                                   registry=r)
+        self.stale = Gauge("mutualrl_staleness_steps", "Steps the slowest peer is behind this learner.",
+                           ["policy", "role"], registry=r)
+        self.reward = Gauge("mutualrl_reward_mean", "Mean own reward of the last step.", ["policy"], registry=r)
+        self.quarantined = Gauge("mutualrl_peer_quarantined",
+                                 "1 while this receiver ignores the peer's experience (its claims kept failing).",
+                                 ["policy", "peer"], registry=r)
+        self.rollouts = Counter("mutualrl_rollouts_consumed", "Own rollouts trained on.", ["policy"], registry=r)
+        self.shared_in = Counter("mutualrl_shared_in", "Peer messages used (rows, rescues, stats).", ["policy"],
+                                 registry=r)
+        self.rejected = Counter("mutualrl_peer_rejected", "Peer messages rejected, by reason.", ["policy", "reason"],
+                                registry=r)
+        self.skipped = Counter("mutualrl_steps_skipped", "Steps with no own rollouts before the deadline.", ["policy"],
+                               registry=r)
+        self.roundtrip = Counter("mutualrl_thl_roundtrip_failures",
+                                 "Peer messages whose text did not survive this tokenizer's round trip, by source.",
+                                 ["policy", "source"], registry=r)
+        self.thl_messages = Counter("mutualrl_thl_messages", "Peer messages converted by THL, by source.",
+                                    ["policy", "source"], registry=r)
+        self.rescues = Counter("mutualrl_rescues", "Verified peer successes trained on (SGT rescues).", ["policy"],
+                               registry=r)
+        self.empty_updates = Counter("mutualrl_empty_updates",
+                                     "Mini-batches with no gradient signal, on which no optimiser step was taken.",
+                                     ["policy"], registry=r)
+        self.rescored = Counter("mutualrl_peer_rescored",
+                                "Peer rows whose claimed reward the receiver's verifier corrected (used with its "
+                                "score).",
+                                ["policy"], registry=r)
+        self.own_rejected = Counter("mutualrl_own_rejected",
+                                    "Own rollouts refused before use (unknown prompt, malformed, too long, bad token).",
+                                    ["policy", "reason"], registry=r)
+        self.quarantines = Counter("mutualrl_peer_quarantine_events",
+                                   "Peers entering or leaving quarantine at this receiver.",
+                                   ["policy", "peer", "action"], registry=r)
+        for reason in PEER_REJECTION_REASONS:  # every reason exported from the start, at 0
+            self.rejected.labels(policy, reason)
+        for reason in OWN_REJECTION_REASONS:
+            self.own_rejected.labels(policy, reason)
+        self.rescored.labels(policy)
+        self.rescues.labels(policy)
+        for q in peers:
+            self.quarantined.labels(policy, q).set(0)
+        r.register(SeeCollector(exchange))
+        self.stages = StageMetrics(r, policy, "learner")
+        self._own_reported: dict[str, int] = {}  # own rejections already exported, by reason
+
+    def position(self, step: int, version: int, lag: int | None = None) -> None:
+        """Where the learner is: its last step, weights version and how far the slowest peer lags."""
+        self.step.labels(self.policy, "learner").set(step)
+        self.version.labels(self.policy, "learner").set(version)
+        if lag is not None:
+            self.stale.labels(self.policy, "learner").set(max(0, lag))
+
+    def observe(self, rec: dict, learner: Learner) -> None:
+        """One trained step's record (skipped steps count only as skipped)."""
+        p = self.policy
+        if rec.get("skipped"):
+            self.skipped.labels(p).inc()
+            return
+        for src, h in (rec.get("thl_by_source") or {}).items():
+            self.thl_unaligned.labels(p, src).set(h["unaligned_mean"])
+            self.thl_logprob.labels(p, src).set(h["logprob_residual_mean"])
+            self.thl_length.labels(p, src).set(h["length_ratio_mean"])
+            self.roundtrip.labels(p, src).inc(h["roundtrip_failures"])
+            self.thl_messages.labels(p, src).inc(h["messages"])
+        self.rescues.labels(p).inc(rec.get("rescue_count") or 0)
+        self.empty_updates.labels(p).inc(rec.get("empty_updates") or 0)
+        self.weights_bytes.labels(p).set(rec.get("weights_bytes") or 0)
+        if rec.get("eval_accuracy") is not None:
+            self.accuracy.labels(p).set(rec["eval_accuracy"])
+        self.reward.labels(p).set(rec["reward_mean"])
+        self.rollouts.labels(p).inc(len(learner.last_used.get("own", [])))
+        self.shared_in.labels(p).inc(rec.get("shared_in", 0))
+        for reason, n in (rec.get("peer_rejected") or {}).items():
+            self.rejected.labels(p, reason).inc(n)
+        self.rescored.labels(p).inc(rec.get("peer_rescored") or 0)
+        for key, n in list(learner.totals.items()):
+            if key.startswith("own_rejected:"):
+                reason = key.split(":", 1)[1]
+                self.own_rejected.labels(p, reason).inc(n - self._own_reported.get(reason, 0))
+                self._own_reported[reason] = n
+        for ev in rec.get("reputation_events") or []:
+            self.quarantines.labels(p, ev["peer"], ev["action"]).inc()
+            self.quarantined.labels(p, ev["peer"]).set(1 if ev["action"] == "quarantined" else 0)

@@ -1,0 +1,105 @@
+"""``hacpo``: capability-aware advantages, exponential importance sampling, stepwise clipping and
+ω, over complete peer groups trained one source per mini-batch (docs/algorithms.md §2.7–2.8)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from mutualrl.config import SharingConfig
+from mutualrl.config.schema import OptimConfig
+from mutualrl.grpo import PolicyLossOutput, hacpo_advantages, hacpo_loss
+from mutualrl.services.learner.modes.base import SharingMode, consecutive_minibatches, group_ids, register_mode
+from mutualrl.services.learner.objective import OWN, LossInputs, Rows, StepAdvantages
+from mutualrl.services.learner.peer_experience import PeerRow, PeerStats
+
+
+def hacpo_minibatches(kinds: list[int], sources: list[str], self_parts: int, cross_parts: int) -> list[slice]:
+    """HACPO as its authors run it: own rows in ``self_parts`` near-equal mini-batches, then each
+    source's rows (consecutive) in ``cross_parts`` — never two sources, never own and peer rows,
+    in one mini-batch. The stepwise clipping bound grows with the mini-batch index."""
+    n_own = 0
+    while n_own < len(kinds) and kinds[n_own] == OWN:
+        n_own += 1
+    if any(k == OWN for k in kinds[n_own:]):
+        raise ValueError("HACPO needs own rows before peer rows")
+    out = _split(0, n_own, self_parts)
+    i = n_own
+    while i < len(kinds):
+        j = i
+        while j < len(kinds) and sources[j] == sources[i]:
+            j += 1
+        out += _split(i, j, cross_parts)
+        i = j
+    return out
+
+
+def _split(start: int, stop: int, parts: int) -> list[slice]:
+    n = stop - start
+    if n <= 0:
+        return []
+    parts = min(parts, n)
+    bounds = [start + (n * k) // parts for k in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+@register_mode
+class Hacpo(SharingMode):
+    """HACPO (settings: ``sharing.hacpo``): complete peer groups only, one source per mini-batch
+    after the self mini-batches (the paper's schedule), capability-weighted advantages and HACPO's loss."""
+
+    name = "hacpo"
+    section = "§2.7"
+    peer_kinds = ("rollout",)
+
+    @staticmethod
+    def needs_tracker(sharing: SharingConfig) -> bool:
+        return True
+
+    @classmethod
+    def optim(cls, sharing: SharingConfig, optim: OptimConfig, n_peers: int) -> OptimConfig:
+        """The paper schedule takes ``self_minibatches + cross_minibatches · peers`` updates per
+        step; with ``scale_lr`` the learning rate is divided by that count (§2.8)."""
+        h = sharing.hacpo
+        if h.schedule != "paper" or not h.scale_lr:
+            return optim
+        updates = h.self_minibatches + h.cross_minibatches * max(1, n_peers)
+        return optim.model_copy(update={"lr": optim.lr / updates})
+
+    def peer_rows(self, rows: list[PeerRow]) -> tuple[list[PeerRow], int]:
+        """Each peer's complete group per prompt (§2.3 [CODE]): a group missing rows (one
+        rejected by THL) is dropped whole; sorted by source, one source per mini-batch."""
+        rows = sorted(rows, key=lambda r: (r.source_policy, r.prompt_id, r.sample_index))
+        sizes = Counter((r.prompt_id, r.source_policy) for r in rows)
+        complete = [r for r in rows if sizes[(r.prompt_id, r.source_policy)] == r.group_size]
+        return complete, len(rows) - len(complete)
+
+    def advantages(self, rows: Rows, peer_stats: dict[str, list[PeerStats]]) -> StepAdvantages:
+        assert self.tracker is not None
+        rewards, groups, kind = torch.tensor(rows.reward), group_ids(rows)[0], torch.tensor(rows.kind)
+        ratio = {src: self.tracker.ratio(src, self.policy) for src in set(rows.source_policy)}  # clip(P̂_src / P̂_k)
+        omega = torch.tensor([1.0 if k == OWN else ratio[src] for k, src in zip(rows.kind, rows.source_policy)])
+        weight = 1.0 / omega  # ω^(k,src) = clip(P̂_k / P̂_src); 1 on own rows
+        adv, base = hacpo_advantages(rewards, groups, weight, kind == OWN, epsilon=self.a.epsilon,
+                                     binary_baseline_guard=self.sh.hacpo.binary_baseline_guard)
+        return StepAdvantages(adv, omega, {"hacpo_baseline_mean": float(base.mean()) if len(rows) else 0.0,
+                                           "capability_self": self.tracker.capability(self.policy)})
+
+    def minibatches(self, rows: Rows, minibatch_rows: int | None) -> list[slice]:
+        h = self.sh.hacpo
+        if h.schedule == "paper":
+            return hacpo_minibatches(rows.kind, rows.source_policy, h.self_minibatches, h.cross_minibatches)
+        return consecutive_minibatches(len(rows), minibatch_rows)
+
+    def loss(self, x: LossInputs) -> PolicyLossOutput:
+        h, a = self.sh.hacpo, self.a
+        return hacpo_loss(
+            x.logp, x.mask, x.source_mean_logprob, x.advantages, (x.kind == OWN).to(x.logp.device), x.omega,
+            minibatch_index=x.minibatch_index, alpha=h.alpha, delta=h.delta, delta_step=h.delta_step,
+            self_clip_low=h.self_clip_low, self_clip_high=h.self_clip_high, max_abs_log_ratio=h.max_abs_log_ratio,
+            ref_logp=x.ref_logp, kl_coef=a.kl_coef, kl_type=a.kl_type, kl_agg=a.loss_agg, norm_len=self.norm_len,
+        )
+
+    def clip_fraction(self, metrics: dict) -> float | None:
+        return metrics.get("self_clip_frac")  # own rows are clipped by HACPO's self bounds

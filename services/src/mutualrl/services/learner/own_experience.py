@@ -1,0 +1,124 @@
+"""A learner's own rollouts, beside the peer intake (:mod:`~mutualrl.services.learner.peer_experience`):
+collected for a step, checked like any input before a tensor is built from them, re-scored with
+the learner's own verifier, and turned into training rows under the wire's field names."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable
+
+from transformers import PreTrainedTokenizerBase
+
+from mutualrl.see import Received
+from mutualrl.services.learner.objective import OWN, Rows
+from mutualrl.tasks import Problem, Verifier
+
+
+class OwnIntake:
+    """One policy's own ``Rollout`` messages, step by step. Rollouts of later steps wait in
+    :attr:`buffer`; refused, repeated and stale ones are acknowledged (consumed, not used) and
+    counted in the learner's ``totals`` under ``own_*``."""
+
+    def __init__(self, policy: str, subscription, tokenizer: PreTrainedTokenizerBase, context_limit: int,
+                 vocab_size: int):
+        self.policy = policy
+        self.sub = subscription
+        self.tok = tokenizer
+        self.context_limit = context_limit
+        self.vocab_size = vocab_size
+        self.buffer: list[Received] = []  # own rollouts of future steps
+
+    def collect(self, step: int, expected: int, deadline: float, problems: dict[str, Problem], totals: Counter,
+                not_consumed: Callable[[list[Received]], list[Received]], while_waiting: Callable[[],
+                    None] | None = None) -> list[Received]:
+        """This step's own rollouts, until ``expected`` *usable* ones arrived or the deadline:
+        each is checked as it comes (:meth:`problem`) and one per (prompt, sample index) counts —
+        a restarted rollout server may publish a step's sample again under new ids — so a refused
+        or repeated message never takes the place of a real one. ``not_consumed`` drops what a
+        checkpoint already covers."""
+        have: list[Received] = []
+        seen: set[tuple[str, int]] = set()
+
+        def admit(rows: list[Received]) -> None:
+            refused, copies = [], []
+            for r in rows:
+                reason = self.problem(r.payload, problems)
+                key = (r.payload.prompt_id, r.payload.sample_index)
+                if reason is not None:
+                    refused.append(r)
+                    totals[f"own_rejected:{reason}"] += 1
+                elif key in seen:
+                    copies.append(r)
+                else:
+                    seen.add(key)
+                    have.append(r)
+            if refused or copies:
+                self.sub.ack(refused + copies)
+            if copies:
+                totals["own_duplicate"] += len(copies)
+
+        admit([r for r in self.buffer if r.payload.step == step])
+        self.buffer[:] = [r for r in self.buffer if r.payload.step > step]
+        stale: list[Received] = []
+        while len(have) < expected:
+            if while_waiting is not None:
+                while_waiting()
+            remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+            got = not_consumed(self.sub.poll(block_ms=min(remaining_ms, 200) if remaining_ms else None))
+            admit([r for r in got if r.payload.step == step])
+            for r in got:
+                if r.payload.step != step:
+                    (self.buffer if r.payload.step > step else stale).append(r)
+            if not got and remaining_ms == 0:
+                break
+        self._drop_stale(stale, totals)
+        return have
+
+    def _drop_stale(self, stale: list[Received], totals: Counter) -> None:
+        """Rollouts of a step already trained: acknowledged (consumed, not used) and counted."""
+        if stale:
+            self.sub.ack(stale)
+            totals["own_stale"] += len(stale)
+
+    def problem(self, p, problems: dict[str, Problem]) -> str | None:
+        """Why an own rollout cannot be used (None when it can): it must answer one of this
+        step's prompts, fit the model's context and vocabulary, and carry one log-prob per token."""
+        if p.prompt_id not in problems:
+            return "unknown_prompt"
+        if not p.token_ids or len(p.logprobs) != len(p.token_ids):
+            return "malformed"
+        if len(p.prompt_token_ids) + len(p.token_ids) > self.context_limit:
+            return "too_long"
+        vocab = self.vocab_size
+        if any(t < 0 or t >= vocab for t in p.token_ids) or any(t < 0 or t >= vocab for t in p.prompt_token_ids):
+            return "bad_token"
+        return None
+
+    def rescore(self, ok: list[Received], problems: dict[str, Problem], verifier: Verifier,
+                totals: Counter) -> list[Received]:
+        """Own rewards re-scored with the learner's verifier (the one its peer intake checks peers with):
+        a row whose claimed reward differs is re-scored and counted (``own_rescored``), never trained on
+        with the claim."""
+        if ok:
+            texts = self.tok.batch_decode([list(r.payload.token_ids) for r in ok], skip_special_tokens=True,
+                                          clean_up_tokenization_spaces=False)
+            scores = verifier.score_many([problems[r.payload.prompt_id] for r in ok], texts)
+            for r, score in zip(ok, scores):
+                if float(score) != r.payload.reward:
+                    totals["own_rescored"] += 1
+                    r.payload.reward = float(score)
+        return ok
+
+    def rows(self, own: list[Received]) -> Rows:
+        """The step's own rows, in the order given: every token enters the loss; ℓ̄ is the mean of the sampler's
+        log-probs."""
+        rows = Rows()
+        for r in own:
+            p = r.payload
+            lps = list(p.logprobs)
+            rows.add(prompt_token_ids=p.prompt_token_ids, token_ids=p.token_ids, logprobs=lps, mask=[1.0] * len(lps),
+                     reward=p.reward,
+                     prompt_id=p.prompt_id, source_policy=self.policy, kind=OWN,
+                     source_mean_logprob=sum(lps) / len(lps) if lps else 0.0)
+        return rows

@@ -1,0 +1,87 @@
+"""A policy's learner, built from the config and its prepared policy."""
+
+from __future__ import annotations
+
+import copy
+
+from mutualrl.config import ExperimentConfig
+from mutualrl.config.schema import OptimConfig
+from mutualrl.models.policy import tokenizer_fingerprint
+from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy, prompt_style
+from mutualrl.see import ExperienceExchange
+from mutualrl.services.learner.learner import Learner, LearnerSettings
+from mutualrl.services.learner.modes import MODES
+from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
+from mutualrl.tasks import Verifier
+from mutualrl.thl import ThlBudget
+from mutualrl.weights import WeightSender, WeightStore
+from mutualrl.weights.groups import learner_sender, parse_address, resolve_backend
+
+
+def learner_optim(cfg: ExperimentConfig, optim: OptimConfig, n_peers: int) -> OptimConfig:
+    """The optimiser settings a learner runs with: its policy's, as its sharing mode changes them
+    (HACPO's paper schedule divides the learning rate by its updates per step, docs/algorithms.md §2.8)."""
+    return MODES.get(cfg.sharing.mode).optim(cfg.sharing, optim, n_peers)
+
+
+def make_learner(
+    cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightSender,
+    registry: TokenizerRegistry, verifier: Verifier, peer_deadline_s: float = 5.0, device: str | None = None,
+) -> Learner:
+    """A policy's learner from the config: its optimiser settings per mode, its peer intake and, with a KL term, a
+    frozen reference model."""
+    p = pp.config
+    ref = None
+    if cfg.algorithm.kl_coef > 0:
+        ref = copy.deepcopy(pp.arts.model).eval()
+        for q in ref.parameters():
+            q.requires_grad_(False)
+    intake = PeerIntake(
+        pp.arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip),
+        cfg.sharing.max_version_lag, prompt_style(cfg, p), cfg.thl.placement,
+    )
+    peers = [q.name for q in cfg.policies if q.name != p.name]
+    settings = LearnerSettings(
+        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=learner_optim(cfg,
+            p.optim, len(peers)),
+        max_new_tokens=cfg.budget.max_new_tokens, device=device or p.engine.device, peer_deadline_s=peer_deadline_s,
+    )
+    return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
+                   ref_model=ref)
+
+
+def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier, cache, exchange: ExperienceExchange,
+                    store: WeightSender,
+                    phase=lambda s: None, shard=None, device: str | None = None) -> tuple[PreparedPolicy, Learner]:
+    """A learner service's learner: its own policy (loaded, warm-started from the cache) and of each
+    peer only its tokenizer — THL carries their text — so its memory does not grow with the number
+    or size of its peers (benchmarks/bench_learner_memory.py). ``shard(model)`` splits the model
+    over a sharded learner's ranks (services/src/mutualrl/services/learner/ranks.py) before its optimiser is built on
+    ``device``."""
+    pp = prepare_policy(cfg, index, task, verifier, cache, phase)
+    if shard is not None:
+        pp.arts.model.to(device or pp.config.engine.device)
+        shard(pp.arts.model)
+    tokenizers = TokenizerRegistry()
+    tokenizers.register(pp.arts.fingerprint, pp.arts.tokenizer)
+    for i in range(len(cfg.policies)):
+        if i != index:
+            tok = peer_tokenizer(cfg, i, task, cache)
+            tokenizers.register(tokenizer_fingerprint(tok), tok)
+    return pp, make_learner(cfg, pp, exchange, store, tokenizers, verifier,
+                            peer_deadline_s=cfg.launcher.rollout_deadline_s, device=device)
+
+
+def learner_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None) -> WeightSender:
+    """Where the learner publishes weights: the shared directory (filesystem), or the weight group
+    it hosts at ``weights_group`` (collective; for a vLLM/SGLang server this blocks until the
+    server's workers joined)."""
+    if cfg.weights.transport == "filesystem":
+        return WeightStore(weights_dir)
+    p = cfg.policies[index]
+    host, port = parse_address(weights_group, p.name)
+    backend = resolve_backend(cfg.weights.backend, p.engine.backend, p.engine.device)
+    # one engine: its TP workers (docs/engines.md §4)
+    receivers = 1 if p.engine.backend == "hf" else p.resources.rollout_tp
+    device = p.engine.device if p.engine.device.startswith("cuda") else ("cuda" if backend == "nccl" else "cpu")
+    return learner_sender(p.engine.backend, host, port, receivers, backend, cfg.weights.timeout_s, device)

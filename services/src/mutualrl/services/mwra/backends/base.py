@@ -1,0 +1,112 @@
+"""One interface for every place MWRA can put gangs: the planning logic never knows which."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from mutualrl.services.mwra.planner import Node, Plan
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a backend needs besides the plan: the run's id and its experiment file."""
+
+    run: str
+    config_yaml: str
+    namespace: str = "default"
+    image: str = ""
+    queue: str = "mutualrl"
+    redis_url: str | None = None
+    redis_url_secret: str | None = None
+    weights_claim: str | None = None
+    hmac_secret: str | None = None
+    resources: dict[str, dict] = field(default_factory=dict)  # policy -> {"cpu": ..., "memory": ...}
+    # policy -> {"backend", "model", "tp", "image", "args"} (external engines)
+    engines: dict[str, dict] = field(default_factory=dict)
+    # Secret with one password per "<policy>.<role>": each pod's own Redis identity
+    redis_users_secret: str | None = None
+    # "<policy>.<role>" -> its SEE signing key (a per-run Secret)
+    see_keys: dict[str, str] = field(default_factory=dict)
+    # the collective weights transport: the port each learner hosts its weight group on (None: filesystem)
+    weights_port: int | None = None
+
+
+@dataclass(frozen=True)
+class BackendEvent:
+    """Something the cluster did that the controller must react to.
+
+    kind: ``pod_recreated`` (a failed or deleted member was replaced), ``node_lost``,
+    ``gang_admitted`` (all members running; ``seconds`` waited), ``gang_evicted``.
+    """
+
+    kind: str
+    run: str = ""
+    policy: str = ""
+    detail: str = ""
+    seconds: float = 0.0
+
+
+class Backend(ABC):
+    """Where gangs run: applies a plan's gangs whole, deletes a run, reports nodes and events."""
+    name = "backend"
+
+    @abstractmethod
+    def nodes(self) -> list[Node]:
+        """Allocatable GPUs per node that this controller may plan on."""
+
+    @abstractmethod
+    def apply(self, spec: RunSpec, plan: Plan) -> None:
+        """Make the cluster hold exactly the plan's gangs for this run (all of a gang or none)."""
+
+    @abstractmethod
+    def delete(self, run: str) -> None:
+        """Remove every object of the run."""
+
+    @abstractmethod
+    def poll(self) -> list[BackendEvent]:
+        """Reconcile once: repair what drifted and report what happened since the last call."""
+
+    def record_event(self, spec: RunSpec, reason: str, message: str, kind: str = "Normal") -> None:
+        """Tell a person what MWRA decided (Kubernetes Events); backends without such a record
+        keep nothing."""
+
+
+class InMemoryBackend(Backend):
+    """A cluster in a dict, for the controller's planning logic in tests: nodes can be lost,
+    gangs are admitted whole when they fit, and partial gangs are impossible by construction."""
+
+    name = "memory"
+
+    def __init__(self, nodes: list[Node]):
+        self._nodes = {n.name: n for n in nodes}
+        self.gangs: dict[tuple[str, str], dict] = {}  # (run, policy) -> {"plan_generation", "placements"}
+        self._events: list[BackendEvent] = []
+
+    def nodes(self) -> list[Node]:
+        return list(self._nodes.values())
+
+    def apply(self, spec: RunSpec, plan: Plan) -> None:
+        for key in [k for k in self.gangs if k[0] == spec.run and k[1] not in plan.allocations]:
+            del self.gangs[key]
+        for name, alloc in plan.allocations.items():
+            if any(p.node not in self._nodes for p in alloc.placements):
+                raise RuntimeError(f"plan places {name} on a node this cluster does not have")
+            self.gangs[(spec.run, name)] = {"plan_generation": plan.generation, "placements": alloc.placements}
+            self._events.append(BackendEvent("gang_admitted", spec.run, name))
+
+    def delete(self, run: str) -> None:
+        for key in [k for k in self.gangs if k[0] == run]:
+            del self.gangs[key]
+
+    def lose_node(self, name: str) -> None:
+        del self._nodes[name]
+        self._events.append(BackendEvent("node_lost", detail=name))
+        for (run, policy), g in list(self.gangs.items()):
+            if any(p.node == name for p in g["placements"]):
+                del self.gangs[(run, policy)]  # the whole gang goes: never a partial one
+                self._events.append(BackendEvent("gang_evicted", run, policy, f"node {name} lost"))
+
+    def poll(self) -> list[BackendEvent]:
+        out, self._events = self._events, []
+        return out

@@ -1,0 +1,285 @@
+"""The Kubernetes objects of one policy gang, as plain dicts (pure functions, no client).
+
+Per policy: one pod per rollout replica and one per learner piece, each with ``nvidia.com/gpu``
+limits, a headless Service per role, labels ``mutualrl.io/{run,policy,role,plan-generation}``,
+and an owner reference to the run's ConfigMap (which holds the experiment file), so deleting the
+run deletes everything. The gang backend adds its own grouping:
+
+- ``kueue``: plain pods in a pod group (``kueue.x-k8s.io/queue-name`` and ``pod-group-name``
+  labels, ``pod-group-total-count`` annotation);
+- ``kai``: a ``scheduling.run.ai/v2alpha2`` PodGroup, pods on ``kai-scheduler`` with the queue label;
+- ``volcano``: a ``scheduling.volcano.sh/v1beta1`` PodGroup, pods on ``volcano`` with the
+  ``scheduling.k8s.io/group-name`` annotation;
+- ``native``: Kubernetes' own gang scheduling — a ``scheduling.k8s.io/v1alpha2`` PodGroup and
+  ``spec.schedulingGroup`` on the pods (1.36+; 1.35's v1alpha1 ``workloadRef`` is gone from the
+  current client, so a 1.35 cluster falls back to MWRA's own admission);
+- ``mwra``: no grouping object; the controller admits a gang only when it fits the free GPUs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from mutualrl.runtime.serve_args import serve_argv
+from mutualrl.see.identity import SEE_KEYS_ENV, key_env, services_read
+from mutualrl.services.mwra.backends.base import RunSpec
+from mutualrl.services.mwra.planner import Allocation
+
+GANG_BACKENDS = ("kueue", "kai", "volcano", "native", "mwra")
+ROLE_PORTS = {"rollout": [("grpc", 50051), ("ops", 9000)], "learner": [("ops", 9000)]}
+GROUP_VERSIONS = {
+    "kueue": ("kueue.x-k8s.io", "v1beta1"),
+    "kai": ("scheduling.run.ai", "v2alpha2"),
+    "volcano": ("scheduling.volcano.sh", "v1beta1"),
+    "native": ("scheduling.k8s.io", "v1alpha2"),
+}
+
+
+def dns_name(*parts: str) -> str:
+    """A DNS-1123 label (63 characters at most) from the parts."""
+    s = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    return s[:63].rstrip("-")
+
+
+def labels(spec: RunSpec, policy: str, role: str | None, generation: int) -> dict[str, str]:
+    """The labels of every object of a run's policy (and role): who manages it, the run, the plan generation."""
+    out = {"app.kubernetes.io/name": "mutualrl", "app.kubernetes.io/managed-by": "mutualrl-mwra",
+           "mutualrl.io/run": spec.run, "mutualrl.io/policy": policy, "mutualrl.io/plan-generation": str(generation)}
+    if role:
+        out["mutualrl.io/role"] = role
+    return out
+
+
+def owner_reference(config_map: dict) -> dict:
+    """An owner reference to the run's ConfigMap, so deleting it deletes the run's objects."""
+    meta = config_map["metadata"]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "name": meta["name"], "uid": meta["uid"], "controller": True,
+            "blockOwnerDeletion": True}
+
+
+def config_map(spec: RunSpec) -> dict:
+    """The run's ConfigMap: the experiment file every pod mounts."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": dns_name(spec.run, "config"), "namespace": spec.namespace,
+                     "labels": {"app.kubernetes.io/name": "mutualrl", "app.kubernetes.io/managed-by": "mutualrl-mwra",
+                                "mutualrl.io/run": spec.run}},
+        "data": {"config.yaml": spec.config_yaml},
+    }
+
+
+def see_keys_secret(spec: RunSpec, owner: dict) -> dict:
+    """The run's SEE signing keys, one per service; each pod mounts only its own and its
+    sources' (:func:`see_key_env`)."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": dns_name(spec.run, "see-keys"), "namespace": spec.namespace, "ownerReferences": [owner],
+                     "labels": {"app.kubernetes.io/name": "mutualrl", "app.kubernetes.io/managed-by": "mutualrl-mwra",
+                                "mutualrl.io/run": spec.run}},
+        "stringData": dict(spec.see_keys),
+    }
+
+
+def see_key_env(spec: RunSpec, policy: str, role: str) -> list[dict]:
+    """A pod's signing keys: its own and those of the services it reads, each from the run's
+    keys Secret, joined into MUTUALRL_SEE_KEYS by the kubelet's $(VAR) expansion; without
+    per-run keys, the run key (the pod derives every key from it)."""
+    if not spec.see_keys:
+        return [{"name": "MUTUALRL_HMAC_KEY",
+                 "valueFrom": {"secretKeyRef": {"name": spec.hmac_secret,
+                                                "key": "hmac-key"}}}] if spec.hmac_secret else []
+    policies = sorted({s.rsplit(".", 1)[0] for s in spec.see_keys})
+    env, pairs = [], []
+    for svc in dict.fromkeys([f"{policy}.{role}", *services_read(policy, role, policies)]):
+        var = key_env(svc)
+        env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": dns_name(spec.run, "see-keys"), "key": svc}}})
+        pairs.append(f"{svc}=$({var})")
+    return env + [{"name": SEE_KEYS_ENV, "value": ",".join(pairs)}]
+
+
+def gang_name(spec: RunSpec, policy: str, generation: int) -> str:
+    """The name of a policy's gang in one plan generation."""
+    return dns_name(spec.run, policy, f"g{generation}")
+
+
+def members(alloc: Allocation) -> list[tuple[str, int, int, str]]:
+    """(role, index, gpus, node) per pod: one per rollout replica and one per learner piece."""
+    return [(p.role, p.replica, p.gpus, p.node) for p in sorted(alloc.placements,
+        key=lambda p: (p.role != "rollout", p.replica))]
+
+
+def role_ports(spec: RunSpec, role: str) -> list[tuple[str, int]]:
+    """A role's named ports; a learner of the collective transport also hosts its weight group."""
+    extra = [("weights", spec.weights_port)] if role == "learner" and spec.weights_port is not None else []
+    return ROLE_PORTS[role] + extra
+
+
+def _command(spec: RunSpec, policy: str, role: str) -> list[str]:
+    # the learner's headless Service
+    group = f"{dns_name(spec.run, policy, 'learner')}:{spec.weights_port}" if spec.weights_port is not None else None
+    return ["mutualrl",
+            *serve_argv(role, policy, config="/etc/mutualrl/config.yaml", namespace=spec.run,
+                        redis="$(MUTUALRL_REDIS_URL)",
+                        weights="/weights", out="/data", ops_port=9000,
+                        grpc_port=50051 if role == "rollout" else None, weights_group=group)]
+
+
+def _env(spec: RunSpec, policy: str, role: str) -> list[dict]:
+    """A service's environment: the Redis URL (from a Secret when one is named), who it is, its SEE keys and
+    its own Redis identity (the ACL lets it append only to its own streams)."""
+    if spec.redis_url_secret:
+        secret = {"secretKeyRef": {"name": spec.redis_url_secret, "key": "redis-url"}}
+        url = {"name": "MUTUALRL_REDIS_URL", "valueFrom": secret}
+    else:
+        url = {"name": "MUTUALRL_REDIS_URL", "value": spec.redis_url or "redis://redis:6379/0"}
+    identity = []
+    if spec.redis_users_secret:
+        identity = [{"name": "MUTUALRL_REDIS_USERNAME", "value": f"{policy}.{role}"},
+                    {"name": "MUTUALRL_REDIS_PASSWORD",
+                     "valueFrom": {"secretKeyRef": {"name": spec.redis_users_secret, "key": f"{policy}.{role}"}}}]
+    return [url, {"name": "MUTUALRL_POLICY", "value": policy}, {"name": "MUTUALRL_ROLE", "value": role},
+            *see_key_env(spec, policy, role), *identity]
+
+
+def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, generation: int, gang: str, backend: str,
+        owner: dict, node: str = "") -> dict:
+    """One service's pod, with the gang scheduler's labels, annotations or scheduler name for ``backend``."""
+    res = spec.resources.get(alloc.policy, {})
+    meta_labels = labels(spec, alloc.policy, role, generation)
+    claim = spec.weights_claim
+    weights_volume = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    annotations: dict[str, str] = {}
+    pod_spec: dict = {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": role,
+            "image": spec.image,
+            "command": _command(spec, alloc.policy, role),
+            "env": _env(spec, alloc.policy, role),
+            "ports": [{"name": n, "containerPort": p} for n, p in role_ports(spec, role)],
+            "resources": {
+                "requests": {"cpu": str(res.get("cpu", 4)), "memory": str(res.get("memory", "16Gi")),
+                             "nvidia.com/gpu": str(gpus)},
+                "limits": {"memory": str(res.get("memory", "16Gi")), "nvidia.com/gpu": str(gpus)},
+            },
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 10},
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 20,
+                              "failureThreshold": 6},
+            "startupProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 10,
+                             "failureThreshold": 90},
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/mutualrl", "readOnly": True},
+                             {"name": "weights", "mountPath": "/weights"},
+                             {"name": "data", "mountPath": "/data"}],
+        }],
+        "volumes": [
+            {"name": "config", "configMap": {"name": owner["name"]}},
+            {"name": "weights", **weights_volume},
+            {"name": "data", "emptyDir": {}},
+        ],
+        "subdomain": dns_name(spec.run, alloc.policy, role),
+        "hostname": dns_name(role, str(index)),
+    }
+    engine = spec.engines.get(alloc.policy)
+    if role == "rollout" and engine and engine.get("backend") in ("vllm", "sglang"):
+        # the engine server is a sidecar on the GPUs; the rollout service talks to it on localhost
+        ours = pod_spec["containers"][0]["resources"]
+        for part in ("requests", "limits"):
+            ours[part].pop("nvidia.com/gpu", None)
+        pod_spec["containers"].append(engine_container(engine, gpus))
+    total = len(members(alloc))
+    if backend == "kueue":
+        meta_labels["kueue.x-k8s.io/queue-name"] = spec.queue
+        meta_labels["kueue.x-k8s.io/pod-group-name"] = gang
+        annotations["kueue.x-k8s.io/pod-group-total-count"] = str(total)
+    elif backend == "kai":
+        meta_labels["kai.scheduler/queue"] = spec.queue
+        annotations["pod-group-name"] = gang
+        pod_spec["schedulerName"] = "kai-scheduler"
+    elif backend == "volcano":
+        annotations["scheduling.k8s.io/group-name"] = gang
+        pod_spec["schedulerName"] = "volcano"
+    elif backend == "native":
+        pod_spec["schedulingGroup"] = {"podGroupName": gang}
+    elif backend == "mwra" and node:
+        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}  # MWRA admitted it onto this node
+    meta = {"name": dns_name(spec.run, alloc.policy, role, str(index)), "namespace": spec.namespace,
+            "labels": meta_labels, "ownerReferences": [owner]}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def engine_container(engine: dict, gpus: int) -> dict:
+    """vLLM or SGLang serving the policy's model on the rollout GPUs, with the weight-reload
+    routes the rollout adapters call (docs/mwra.md, "Backends")."""
+    model, tp, extra = engine.get("model", ""), str(engine.get("tp", 1)), list(engine.get("args", []))
+    if engine["backend"] == "vllm":
+        c = {"name": "engine", "image": engine.get("image") or "vllm/vllm-openai:v0.10.2",
+             "args": ["--model", model, "--port", "8000", "--tensor-parallel-size", tp, "--enable-sleep-mode", *extra],
+             "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}
+    else:
+        c = {"name": "engine", "image": engine.get("image") or "lmsysorg/sglang:v0.5.2",
+             "command": ["python3", "-m", "sglang.launch_server"],
+             "args": ["--model-path", model, "--port", "8000", "--tp-size", tp, "--enable-memory-saver", *extra]}
+    c.update({
+        "ports": [{"name": "engine", "containerPort": 8000}],
+        "startupProbe": {"httpGet": {"path": "/health", "port": "engine"}, "periodSeconds": 10,
+                         "failureThreshold": 120},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "engine"}, "periodSeconds": 10},
+        "resources": {"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "weights", "mountPath": "/weights"}],
+    })
+    return c
+
+
+def headless_service(spec: RunSpec, policy: str, role: str, generation: int, owner: dict) -> dict:
+    """A policy role's headless Service: stable DNS names for its pods."""
+    sel = {"mutualrl.io/run": spec.run, "mutualrl.io/policy": policy, "mutualrl.io/role": role}
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": dns_name(spec.run, policy, role), "namespace": spec.namespace,
+                     "labels": labels(spec, policy, role, generation),
+                     "ownerReferences": [owner]},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": sel,
+                 "ports": [{"name": n, "port": p, "targetPort": n} for n, p in role_ports(spec, role)]},
+    }
+
+
+def group_object(spec: RunSpec, alloc: Allocation, generation: int, gang: str, backend: str,
+                 owner: dict) -> dict | None:
+    """The backend's grouping object, or None where the grouping lives on the pods alone."""
+    total = len(members(alloc))
+    gpus = sum(m[2] for m in members(alloc))
+    meta = {"name": gang, "namespace": spec.namespace, "labels": labels(spec, alloc.policy, None, generation),
+            "ownerReferences": [owner]}
+    if backend == "kai":
+        g, v = GROUP_VERSIONS["kai"]
+        return {"apiVersion": f"{g}/{v}", "kind": "PodGroup", "metadata": meta,
+                "spec": {"minMember": total, "queue": spec.queue}}
+    if backend == "volcano":
+        g, v = GROUP_VERSIONS["volcano"]
+        return {"apiVersion": f"{g}/{v}", "kind": "PodGroup", "metadata": meta,
+                "spec": {"minMember": total, "queue": spec.queue, "minResources": {"nvidia.com/gpu": str(gpus)}}}
+    if backend == "native":
+        g, v = GROUP_VERSIONS["native"]
+        return {"apiVersion": f"{g}/{v}", "kind": "PodGroup", "metadata": meta,
+                "spec": {"schedulingPolicy": {"gang": {"minCount": total}}}}
+    return None
+
+
+def gang_objects(spec: RunSpec, alloc: Allocation, generation: int, backend: str, owner: dict) -> list[dict]:
+    """Everything one policy's gang needs, grouping object first (pods refer to it)."""
+    if backend not in GANG_BACKENDS:
+        raise ValueError(f"unknown gang backend {backend!r}; known: {', '.join(GANG_BACKENDS)}")
+    gang = gang_name(spec, alloc.policy, generation)
+    out = []
+    group = group_object(spec, alloc, generation, gang, backend, owner)
+    if group is not None:
+        out.append(group)
+    out += [headless_service(spec, alloc.policy, role, generation, owner) for role in ("rollout", "learner")]
+    out += [pod(spec, alloc, role, i, g, generation, gang, backend, owner, node) for role, i, g, node in members(alloc)]
+    return out

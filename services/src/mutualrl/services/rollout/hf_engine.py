@@ -1,0 +1,82 @@
+"""The `hf` engine: transformers models sampled in-process (CPU default, GPU when present)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Literal
+
+import torch
+import transformers
+from transformers import PreTrainedModel
+
+from mutualrl.models.generation import Sample, sample
+from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
+from mutualrl.weights import TensorManifest, WeightReceiver
+
+
+class HFEngine(RolloutEngine):
+    """Owns its own copy of the model, so the learner's in-flight updates never leak into sampling.
+
+    Log-probs are ``log_softmax`` after temperature and top-k/p ("processed",
+    docs/engines.md §1), which equals the raw policy at T=1 without filters.
+    """
+
+    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightReceiver, device: str = "cpu",
+                 name: str = ""):
+        self.model = copy.deepcopy(model).to(device).eval()
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.store = store
+        self.device = device
+        self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
+        self.version = 0
+        self._lock = threading.RLock()  # generate and update never interleave
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec,
+                 cancel: threading.Event | None = None) -> list[list[Sample]]:
+        if spec.n < 1:
+            raise ValueError("n must be >= 1")
+        flat = [p for p in prompts for _ in range(spec.n)]
+        gen = None
+        if spec.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(spec.seed)
+        with self._lock:
+            out = sample(
+                self.model,
+                flat,
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                max_new_tokens=spec.max_new_tokens,
+                temperature=spec.temperature,
+                top_k=spec.top_k,
+                top_p=spec.top_p,
+                generator=gen,
+                should_stop=cancel.is_set if cancel is not None else None,
+            )
+        return [out[i * spec.n : (i + 1) * spec.n] for i in range(len(prompts))]
+
+    def update_weights(self, version: int, uri: str, checksum: str | None = None,
+                       manifest: TensorManifest | None = None) -> None:
+        if version <= self.version:
+            raise ValueError(f"weights version {version} is not newer than the served {self.version}")
+        state = self.store.get(uri, checksum, manifest)
+        with self._lock:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to embeddings
+            if real_missing or unexpected:
+                raise ValueError(f"weights at {uri} do not fit the model: missing {real_missing[:3]}, unexpected "
+                                 f"{unexpected[:3]}")
+            self.version = version
+
+    def health(self) -> Literal["ok", "starting", "down"]:
+        return "ok"
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            engine="hf",
+            engine_version=transformers.__version__,
+            model=self.name,
+            weights_version=self.version,
+            logprob_mode="processed",
+            capabilities={"update_from_uri": True, "seeded_sampling": True},
+        )

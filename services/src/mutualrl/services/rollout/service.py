@@ -1,0 +1,119 @@
+"""The rollout service of one policy: a gRPC RolloutService plus the worker loop that samples
+each step's prompts, verifies them and publishes experience through SEE.
+
+Bounded staleness: step t is sampled only once the learner announced step t−1 and the
+newest weights version it published is loaded (the engine serves nothing for a version
+it has not finished loading). After a restart it resumes at the learner's next step; with the
+collective transport, a version broadcast before it rejoined is asked for again (an
+``awaiting_weights`` heartbeat) rather than sampled past.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from mutualrl.runtime.distributor import PromptDistributor
+from mutualrl.runtime.faults import fault_point
+from mutualrl.runtime.http_endpoints import OpsServer
+from mutualrl.runtime.policy_setup import prepare_policy, prompt_style
+from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
+from mutualrl.services.rollout.metrics import RolloutMetrics
+from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
+from mutualrl.services.rollout.setup import make_worker
+from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.weights.handshake import WeightsFollower, newest_announced
+
+
+def _tls(launcher) -> tuple[bytes, bytes] | None:
+    """The gRPC server's certificate and key, when the launcher names both."""
+    if launcher.grpc_tls_cert and launcher.grpc_tls_key:
+        return Path(launcher.grpc_tls_cert).read_bytes(), Path(launcher.grpc_tls_key).read_bytes()
+    return None
+
+
+def run_rollout_service(args: ServiceArgs) -> int:
+    """A policy's rollout service: samples each step with the newest weights, serves gRPC, and follows the learner's
+    versions."""
+    stop = stop_flag()
+    log = service_logger(f"{args.policy}.rollout")
+    ctx = ServiceContext(args)
+    cfg, p = ctx.cfg, ctx.policy_cfg
+    pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s))
+    collective = cfg.weights.transport == "collective"
+    if collective:
+        log.info("joining the learner's weight group",
+                 extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
+
+    def announced() -> tuple[int, str] | None:
+        """The newest (version, checksum) this policy's learner announced on SEE."""
+        wp = ctx.exchange.last("weights_published", p.name)
+        return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
+
+    store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group,
+                              newest=lambda: newest_announced(ctx.exchange, p.name))
+    engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source,
+                          collective=collective)
+    join_engine_group(cfg, ctx.index, engine, args.weights_group)
+    registry = CollectorRegistry()
+    keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
+    key = keyring.key(f"{p.name}.learner") if keyring is not None else None
+    c = pp.arts.model.config
+    context = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
+    servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, prompt_style(cfg, p),
+                               max_context=context, announced=announced,
+                               update_token=update_weights_token(key, p.name) if key else None)
+    server, grpc_port = serve(servicer, cfg.launcher.host, args.grpc_port, tls=_tls(cfg.launcher))
+    metrics = RolloutMetrics(p.name, registry, ctx.exchange)
+    state = {"step": 0}
+
+    def health() -> dict:
+        info = engine.info()
+        return {"status": engine.health(), "role": "rollout", "policy": p.name, "step": state["step"],
+                "weights_version": info.weights_version,
+                "lag": max(0, ctx.last_step("learner") - info.weights_version), "grpc_port": grpc_port}
+
+    ops = OpsServer(registry, health, cfg.launcher.host, args.ops_port).start()
+    worker = make_worker(cfg, pp, engine, ctx.exchange, ctx.verifier)
+    distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+    ledger = (ctx.state_dir / f"{p.name}.rollout.ledger.jsonl").open("a")
+    step = ctx.last_step("learner") + 1
+    log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step}})
+    follower = WeightsFollower(p.name, ctx.exchange, store, engine.update_weights,
+                               lambda: engine.info().weights_version, collective=collective,
+                               log=log, on_loaded=lambda v: servicer.metrics.version.labels(p.name, "rollout").set(v),
+                               on_refused=lambda v, e: metrics.refused.labels(p.name).inc())
+    follower.follow(stop)
+    try:
+        while step <= cfg.budget.steps and not stop.is_set():
+            # bounded staleness: the learner finished step t-1 and its newest version is served
+            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 and follower.caught_up(), 3600, stop):
+                break
+            # crash tests: the weights are loaded, nothing sampled
+            fault_point("rollout_before_sample", step, ctx.state_dir, p.name)
+            res = worker.run_step(step, distributor.batch(step))
+            ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "successes": res.successes_published,
+                                     "weights_version": engine.info().weights_version}) + "\n")
+            ledger.flush()
+            stages = {"generate": res.generate_s}
+            metrics.observe(step, res.published, res.successes_published, stages, res.tokens,
+                            engine.info().weights_version)
+            beat = pb.Heartbeat(role="rollout", step=step, version=engine.info().weights_version, status="ok",
+                                stage_seconds=stages, tokens=res.tokens)
+            ctx.exchange.publish(beat, f"{p.name}.rollout")
+            state["step"] = step
+            log.info("step", extra={"fields": {"step": step, "published": res.published,
+                                               "successes": res.successes_published, "reward_mean": res.reward_mean}})
+            step += 1
+        # the budget is sampled: keep serving (weights updates, Generate) until told to stop
+        stop.wait()
+        follower.check()
+    finally:
+        server.stop(grace=2)
+        ops.stop()
+        ledger.close()
+        log.info("stopped")
+    return 0

@@ -1,0 +1,20 @@
+"""A policy's rollout worker, built from the config and its prepared policy."""
+
+from __future__ import annotations
+
+from mutualrl.config import ExperimentConfig
+from mutualrl.runtime.policy_setup import PreparedPolicy, prompt_style
+from mutualrl.see import ExperienceExchange
+from mutualrl.services.rollout.engine import RolloutEngine, SamplingSpec
+from mutualrl.services.rollout.worker import RolloutWorker
+from mutualrl.tasks import Verifier
+
+
+def make_worker(cfg: ExperimentConfig, pp: PreparedPolicy, engine: RolloutEngine, exchange: ExperienceExchange,
+                verifier: Verifier) -> RolloutWorker:
+    """A policy's rollout worker: its engine, tokenizer and verifier, sampling G completions per prompt."""
+    p = pp.config
+    spec = SamplingSpec(n=cfg.budget.group_size, max_new_tokens=cfg.budget.max_new_tokens,
+                        temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p)
+    return RolloutWorker(p.name, engine, pp.arts.tokenizer, verifier, exchange, fingerprint=pp.arts.fingerprint,
+                         sampling=spec, seed=cfg.seed, prompt_style=prompt_style(cfg, p))
