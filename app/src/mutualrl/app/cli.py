@@ -149,9 +149,9 @@ def _service_args(config, policy, namespace, redis, weights, out_dir, ops_port, 
 @serve_app.command("rollout")
 def serve_rollout(
     config: Path = typer.Option(...), policy: str = typer.Option(...), namespace: str = typer.Option(...),
-        redis: str = typer.Option(...),
+    redis: str = typer.Option(...),
     weights: Path = typer.Option(...), out_dir: Path = typer.Option(..., "--out"), ops_port: int = typer.Option(0),
-        grpc_port: int = typer.Option(0),
+    grpc_port: int = typer.Option(0),
     weights_group: Optional[str] = typer.Option(
         None, help="collective weights transport: the learner's rendezvous, host:port"),
 ) -> None:
@@ -165,7 +165,7 @@ def serve_rollout(
 @serve_app.command("learner")
 def serve_learner(
     config: Path = typer.Option(...), policy: str = typer.Option(...), namespace: str = typer.Option(...),
-        redis: str = typer.Option(...),
+    redis: str = typer.Option(...),
     weights: Path = typer.Option(...), out_dir: Path = typer.Option(..., "--out"), ops_port: int = typer.Option(0),
     weights_group: Optional[str] = typer.Option(
         None, help="collective weights transport: where this learner hosts its rendezvous, host:port"),

@@ -47,6 +47,8 @@ class CompareSpec:
 
     @classmethod
     def load(cls, path: Path, quick: bool = False) -> "CompareSpec":
+        """A compare file, checked: pairs resolved against the file, entries as config overrides; ``quick`` keeps its
+        quick subset."""
         try:
             raw = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as e:
@@ -82,6 +84,7 @@ class CompareSpec:
         return spec
 
     def runs(self) -> list[tuple[str, str, int]]:
+        """Every (entry, pair, seed) to run, seed by seed so early seeds finish for every entry first."""
         return [(e, p, s) for s in self.seeds for p in self.pairs for e in self.entries]
 
 
@@ -244,7 +247,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 for policy, p in summary["policies"].items():
                     per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
                         "final": p["final_accuracy"], "start": p["warm_start_accuracy"],
-                            "curve": curves.get(policy, []),
+                        "curve": curves.get(policy, []),
                         "rollouts": p.get("rollouts", 0),
                     }
         pair_out: dict = {}

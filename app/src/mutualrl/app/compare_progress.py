@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from typing_extensions import override
 
 from mutualrl.app.embedded import Reporter, run_embedded
 
@@ -32,9 +33,11 @@ class FileReporter(Reporter):
         with self.path.open("a") as f:
             f.write(f"[{time.monotonic() - self.t0:7.1f}s] {text}\n")
 
+    @override
     def phase(self, text: str) -> None:
         self._write(text)
 
+    @override
     def step(self, step: int, total: int, records: list[dict]) -> None:
         self._write(f"step {step}/{total}")
 
@@ -109,6 +112,7 @@ class CompareProgress:
             self.live.__exit__(*exc)
 
     def on_start(self, label: str, run_dir: Path, steps: int) -> None:
+        """A run started: shown live on a terminal, one line (with its progress file) otherwise."""
         self.running[label] = _Running(run_dir, steps, time.monotonic())
         if not self.live:  # a log shows what is in progress (a first run may warm-start for long)
             self.console.print(f"run started: {label} ({steps} steps) -> {run_dir} (progress: "
@@ -116,6 +120,7 @@ class CompareProgress:
                                highlight=False, markup=False, soft_wrap=True)
 
     def progress(self, finished: int, total: int, label: str) -> None:
+        """A run finished (or was found finished before): its line with the runs left and the ETA."""
         self.finished = finished
         if label.endswith("(done before)"):
             self.before += 1
@@ -137,6 +142,7 @@ class CompareProgress:
         return max(0.0, left * per_run - in_progress) / max(1, len(self.running) or 1)
 
     def render(self) -> Table:
+        """The live table: each running run's step, seconds per step and ETA."""
         elapsed = time.monotonic() - self.t0
         table = Table(title=f"compare: {self.finished}/{self.total} runs finished · {_duration(elapsed)}",
                       title_justify="left")

@@ -7,6 +7,7 @@ import time
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from typing_extensions import override
 
 from mutualrl.app.embedded import Reporter
 from mutualrl.config import ExperimentConfig
@@ -51,6 +52,7 @@ class LiveReporter(Reporter):
             )
         return t
 
+    @override
     def phase(self, text: str) -> None:
         self._phase = text
         if self.live:
@@ -58,6 +60,7 @@ class LiveReporter(Reporter):
         else:
             self.console.print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", highlight=False, markup=False)
 
+    @override
     def step(self, step: int, total: int, records: list[dict]) -> None:
         if self.live:
             self._phase = "training"

@@ -76,9 +76,11 @@ class PolicyRuntime:
 class Reporter:
     """Receives progress events; the CLI plugs a live display in, tests a no-op."""
 
-    def phase(self, text: str) -> None: ...
+    def phase(self, text: str) -> None:
+        """A phase of the run started (building, warm start, evaluation)."""
 
-    def step(self, step: int, total: int, records: list[dict]) -> None: ...
+    def step(self, step: int, total: int, records: list[dict]) -> None:
+        """Step ``step`` of ``total`` finished with these records."""
 
 
 def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange, store: WeightStore,
@@ -200,7 +202,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
             rt.name: policy_summary(
                 source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,
                 warm_start_accuracy=rt.warm_accuracy, final_accuracy=last_eval[rt.name],
-                    rollouts=rt.worker.total_rollouts,
+                rollouts=rt.worker.total_rollouts,
                 rescue_count=rt.learner.totals["rescues"],
                 peer_rejections={k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items()
                                  if k.startswith("rejected_")},
@@ -211,5 +213,5 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
         # wall seconds of the whole run and of its RL steps (evaluations included, warm starts,
         # model loading and the final checkpoints not): what a compare's budget is made of
         elapsed_s=round(time.monotonic() - started, 1), rl_s=round(finished_rl - rl_started, 1),
-            threads=torch.get_num_threads(),
+        threads=torch.get_num_threads(),
     )

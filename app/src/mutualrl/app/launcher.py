@@ -121,6 +121,7 @@ class Supervisor:
         return out
 
     def start(self) -> None:
+        """Start Redis (with one ACL user per service) and every service, then write ``services.json``."""
         cfg, out = self.cfg, self.out
         (out / "logs").mkdir(parents=True, exist_ok=True)
         (out / "services").mkdir(parents=True, exist_ok=True)
@@ -161,7 +162,7 @@ class Supervisor:
                 ops, grpc_port = free_port(), (free_port() if role == "rollout" else 0)
                 argv = [sys.executable, "-m", "mutualrl.app.cli", *serve_argv(
                     role, p.name, config=str(out / "config.yaml"), namespace=namespace, redis=url,
-                        weights=str(out / "weights"), out=str(out),
+                    weights=str(out / "weights"), out=str(out),
                     ops_port=ops, grpc_port=grpc_port if role == "rollout" else None, weights_group=group)]
                 specs.append(Service(f"{p.name}.{role}", role, p.name, argv, ops, grpc_port,
                                      log_path=out / "logs" / f"{p.name}.{role}.log"))
@@ -228,6 +229,7 @@ class Supervisor:
         return 130
 
     def stop(self) -> None:
+        """Stop every service (SIGTERM, then SIGKILL after 15 s) and the Redis server it started."""
         self._stopping.set()
         for s in self.services:
             if s.proc is not None and s.proc.poll() is None:
@@ -298,9 +300,9 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
         {
             name: policy_summary(
                 source=src, params=params, warm_start_steps=ws_steps, warm_start_accuracy=acc,
-                    final_accuracy=final[name],
+                final_accuracy=final[name],
                 rollouts=rollouts.get(name, 0),
-                    rescue_count=sum(r.get("rescue_count") or 0 for r in per_policy.get(name, {}).values()),
+                rescue_count=sum(r.get("rescue_count") or 0 for r in per_policy.get(name, {}).values()),
                 peer_rejections=_sum_counts(r.get("peer_rejected") or {} for r in per_policy.get(name, {}).values()),
                 restarts={k: v for k, v in restarts.items() if k.startswith(name + ".")},
             )

@@ -68,8 +68,8 @@ class EngineConfig(_Strict):
     """Where a policy's rollouts are generated: the in-process hf engine or a vLLM/SGLang server."""
     backend: Literal["hf", "vllm", "sglang"] = Field(
         "hf",
-            description="Rollout engine: hf (transformers, in-process; the embedded default), or a vllm / sglang "
-                        "server at `url`."
+        description="Rollout engine: hf (transformers, in-process; the embedded default), or a vllm / sglang "
+                    "server at `url`."
     )
     url: Optional[str] = Field(None, description="vllm/sglang: the server's base URL, e.g. http://10.0.0.5:8000 "
                                "(launch flags in README).")
@@ -345,9 +345,9 @@ class HacpoConfig(_Strict):
                                         "(§2.3).")
     schedule: Literal["paper", "rows"] = Field(
         "paper",
-            description="paper: own rows in self_minibatches equal parts, then each source's rows in "
-                        "cross_minibatches parts (one source per mini-batch, as the authors run it); rows: "
-                        "consecutive algorithm.minibatch_rows, which must not straddle own and peer rows.")
+        description="paper: own rows in self_minibatches equal parts, then each source's rows in "
+                    "cross_minibatches parts (one source per mini-batch, as the authors run it); rows: "
+                    "consecutive algorithm.minibatch_rows, which must not straddle own and peer rows.")
     self_minibatches: int = Field(2, ge=1, description="paper schedule: updates on own rows per step.")
     cross_minibatches: int = Field(2, ge=1, description="paper schedule: updates on each source's rows per step.")
     scale_lr: bool = Field(
@@ -465,10 +465,10 @@ class WeightsConfig(_Strict):
 
     transport: Literal["filesystem", "collective"] = Field(
         "filesystem",
-            description="filesystem: a safetensors checkpoint per version in a shared directory; collective: "
-                        "broadcast from the learner into the engine's workers over a process group of their own (NCCL "
-                        "on GPUs, gloo on CPU), nothing written to disk. `mutualrl run` keeps both ends in one "
-                        "process and passes weights in memory either way.")
+        description="filesystem: a safetensors checkpoint per version in a shared directory; collective: "
+                    "broadcast from the learner into the engine's workers over a process group of their own (NCCL "
+                    "on GPUs, gloo on CPU), nothing written to disk. `mutualrl run` keeps both ends in one "
+                    "process and passes weights in memory either way.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto",
                                                      description="collective: the group's backend; auto = nccl when "
                                                      "the engine runs on a GPU (vllm/sglang, or hf on "
@@ -510,8 +510,8 @@ class KubernetesConfig(_Strict):
     image: str = Field("ghcr.io/mutualrl/mutualrl:0.1.0-cuda", description="Image of the rollout and learner pods.")
     gang: Literal["auto", "kueue", "kai", "volcano", "native", "mwra"] = Field(
         "auto",
-            description="Gang backend; auto discovers the served API groups in the order kueue, kai, volcano, native, "
-                        "else MWRA's own admission.")
+        description="Gang backend; auto discovers the served API groups in the order kueue, kai, volcano, native, "
+                    "else MWRA's own admission.")
     queue: str = Field("mutualrl", description="Kueue LocalQueue / KAI or Volcano queue name.")
     admission_timeout_s: float = Field(600.0, gt=0, description="mwra gang backend: evict and requeue a gang not "
                                        "running within this time.")

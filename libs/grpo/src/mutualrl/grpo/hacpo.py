@@ -58,6 +58,7 @@ class CapabilityTracker:
         self._history: dict[str, deque[float]] = {}
 
     def batch_value(self, rewards: Sequence[float]) -> float:
+        """One batch's capability value: the share of positive rewards, or their mean (``metric``)."""
         if not rewards:
             raise ValueError("capability update with no rewards")
         if self.metric == "positive_rate":
@@ -73,6 +74,7 @@ class CapabilityTracker:
         self.steps += 1
 
     def capability(self, agent: str) -> float:
+        """P̂ of ``agent``: the mean of its window, at least ``minimum`` (1.0 before any batch)."""
         h = self._history.get(agent)
         if not h:
             return 1.0
@@ -86,9 +88,11 @@ class CapabilityTracker:
         return min(self.ratio_max, max(self.ratio_min, raw))
 
     def state_dict(self) -> dict:
+        """The tracker's steps and windows, for a checkpoint."""
         return {"steps": self.steps, "history": {k: list(v) for k, v in self._history.items()}}
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Restore what :meth:`state_dict` saved."""
         self.steps = int(state["steps"])
         self._history = {k: deque((float(x) for x in v), maxlen=self.window) for k, v in state["history"].items()}
 

@@ -104,7 +104,7 @@ def xgrpo_advantages(
     """
     base, scale = xgrpo_baseline(
         rewards, group_ids, peer_count, peer_mean, peer_std, variant=variant, peer_weight=peer_weight,
-            peer_omega=peer_omega
+        peer_omega=peer_omega
     )
     adv = rewards.float() - base.float()
     return (adv / (scale + epsilon) if norm_by_std else adv), base, scale

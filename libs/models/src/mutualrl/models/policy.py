@@ -35,6 +35,7 @@ class PolicyArtifacts:
 
     @property
     def num_params(self) -> int:
+        """The model's parameter count."""
         return sum(p.numel() for p in self.model.parameters())
 
 
@@ -166,9 +167,11 @@ class PromptStyle:
     instruction: str = ""
 
     def uses_template(self, tok: PreTrainedTokenizerBase) -> bool:
+        """Whether prompts go through ``tok``'s chat template (``chat_template``; None: when it has one)."""
         return bool(getattr(tok, "chat_template", None)) if self.chat_template is None else self.chat_template
 
     def messages(self, text: str) -> list[dict]:
+        """The chat messages of a prompt: one user turn, the task's instruction after the text."""
         return [{"role": "user", "content": f"{text}\n\n{self.instruction}" if self.instruction else text}]
 
 

@@ -21,4 +21,5 @@ class PromptDistributor:
         self.seed = seed
 
     def batch(self, step: int) -> list[Problem]:
+        """Step ``step``'s prompts: the same for every policy, drawn from the seed and the step alone."""
         return random.Random(f"prompts:{self.seed}:{step}").sample(self.problems, self.batch_size)

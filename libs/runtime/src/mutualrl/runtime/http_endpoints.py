@@ -43,9 +43,11 @@ class OpsServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="ops-http", daemon=True)
 
     def start(self) -> "OpsServer":
+        """Serve /healthz and /metrics on a background thread."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop serving and close the socket."""
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -27,10 +27,12 @@ class MetricsWriter:
         self._f = path.open("a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
+        """Append one record (non-finite numbers as null) and flush."""
         self._f.write(json.dumps(_clean(record), sort_keys=False) + "\n")
         self._f.flush()
 
     def close(self) -> None:
+        """Close the file."""
         self._f.close()
 
 

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing_extensions import override
+
 from mutualrl.config import ExperimentConfig, load_config
 from mutualrl.models.cache import default_cache_dir
 from mutualrl.runtime.exchange_setup import exchange_over, redis_options
@@ -41,6 +43,7 @@ class JsonFormatter(logging.Formatter):
         super().__init__()
         self.service = service
 
+    @override
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "service": self.service,
                "msg": record.getMessage()}
@@ -92,6 +95,7 @@ class ServiceContext:
         return int(hb.payload.step) if hb is not None else 0
 
     def wait_for(self, predicate, timeout_s: float, stop: threading.Event, poll_s: float = 0.02) -> bool:
+        """Poll ``predicate`` until it holds (True), the timeout passes or ``stop`` is set (False)."""
         deadline = time.monotonic() + timeout_s
         while not stop.is_set():
             if predicate():

@@ -22,6 +22,7 @@ class StageMetrics:
                               ["policy", "role"], registry=registry)
 
     def observe(self, stage_seconds: dict[str, float], tokens: int) -> None:
+        """One step's seconds per stage and its tokens into the Prometheus series."""
         for stage, seconds in stage_seconds.items():
             if stage in STAGES:
                 self.seconds.labels(self.policy, self.role, stage).observe(seconds)

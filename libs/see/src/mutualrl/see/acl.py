@@ -50,6 +50,7 @@ class ServiceUser:
 
     @property
     def name(self) -> str:
+        """The Redis user name: ``<policy>.<role>``."""
         return f"{self.policy}.{self.role}"
 
 

@@ -44,20 +44,24 @@ class Broker(ABC):
         """New entries (never delivered to this group) across ``streams``, marking them pending."""
 
     @abstractmethod
-    def ack(self, stream: str, group: str, entry_ids: list[str]) -> int: ...
+    def ack(self, stream: str, group: str, entry_ids: list[str]) -> int:
+        """Acknowledge entries for ``group``; returns how many were pending."""
 
     @abstractmethod
     def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 100) -> list[Entry]:
         """Take over entries pending for longer than ``min_idle_ms`` (a dead consumer's)."""
 
     @abstractmethod
-    def pending_count(self, stream: str, group: str) -> int: ...
+    def pending_count(self, stream: str, group: str) -> int:
+        """Entries delivered to ``group`` and not acknowledged yet."""
 
     @abstractmethod
-    def length(self, stream: str) -> int: ...
+    def length(self, stream: str) -> int:
+        """Entries in ``stream``."""
 
     @abstractmethod
-    def streams(self, prefix: str = "") -> list[str]: ...
+    def streams(self, prefix: str = "") -> list[str]:
+        """The streams whose names start with ``prefix``."""
 
     @abstractmethod
     def last(self, stream: str) -> Entry | None:
@@ -77,4 +81,5 @@ class Broker(ABC):
         return max((int(g["lag"] or 0) + int(g["pending"]) for g in self.groups(stream)), default=0)
 
     def close(self) -> None:  # pragma: no cover - default no-op
+        """Release the connection (nothing by default)."""
         pass

@@ -87,6 +87,7 @@ class EnvelopeCodec:
 
     @property
     def signing(self) -> bool:
+        """Whether envelopes are signed and verified (a keyring is set)."""
         return self.keyring is not None
 
     def _signing_key(self, kind: str, producer: str) -> bytes | None:
@@ -120,6 +121,7 @@ class EnvelopeCodec:
 
     def wrap(self, payload: Message, producer: str, weights_version: int = 0,
              message_id: str | None = None) -> pb.Envelope:
+        """An Envelope around ``payload``: header, producer, weights version and, when signing, its signature."""
         env = self._header(producer, weights_version, message_id)
         kind = kind_of(payload)
         getattr(env, kind).CopyFrom(payload)
@@ -129,6 +131,7 @@ class EnvelopeCodec:
         return env
 
     def encode(self, env: pb.Envelope) -> bytes:
+        """An envelope's bytes (deterministic serialisation, so signatures are stable)."""
         return env.SerializeToString(deterministic=True)
 
     def wrap_encoded(self, payload: Message, producer: str, weights_version: int = 0,
@@ -150,6 +153,7 @@ class EnvelopeCodec:
         return mid, data
 
     def decode(self, data: bytes) -> pb.Envelope:
+        """Parse and check an envelope (schema version, signature); a ``CodecError`` names what is wrong."""
         env = pb.Envelope()
         try:
             env.ParseFromString(data)

@@ -46,10 +46,12 @@ class Received:
 
     @property
     def kind(self) -> str:
+        """The payload's kind (``rollout``, ``verified_success``, ...)."""
         return self.envelope.WhichOneof("payload")
 
     @property
     def payload(self) -> Message:
+        """The payload message inside the envelope."""
         return getattr(self.envelope, self.kind)
 
 
@@ -199,6 +201,7 @@ class ExperienceExchange:
 
     def subscribe(self, receiver: str, kinds: list[str], producers: list[str], consumer: str | None = None,
                   max_deliveries: int = 3) -> "Subscription":
+        """A consumer group on the streams of ``kinds`` from ``producers``, for ``receiver``."""
         for k in kinds:
             if k not in PAYLOAD_KINDS:
                 raise ValueError(f"unknown experience kind {k!r}; valid: {', '.join(PAYLOAD_KINDS)}")
@@ -281,6 +284,7 @@ class Subscription:
         return self._accept([e for e in entries if e.deliveries <= self.max_deliveries])
 
     def ack(self, received: Iterable[Received]) -> None:
+        """Acknowledge what was used: never delivered again, and remembered for de-duplication."""
         by_stream: dict[str, list[str]] = {}
         for r in received:
             by_stream.setdefault(r.entry.stream, []).append(r.entry.entry_id)
@@ -292,4 +296,5 @@ class Subscription:
             self._seen.popitem(last=False)
 
     def pending(self) -> int:
+        """Entries delivered to this subscription and not acknowledged yet."""
         return sum(self.ex.broker.pending_count(s, self.group) for s in self.streams)

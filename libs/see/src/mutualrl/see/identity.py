@@ -109,6 +109,7 @@ class Keyring:
         return cls(keys, run_key) if keys or run_key else None
 
     def key(self, service: str) -> bytes | None:
+        """The signing key of ``service``: given, or derived from the run key; None when neither is known."""
         if service in self.keys:
             return self.keys[service]
         if not self.run_key:
@@ -119,4 +120,5 @@ class Keyring:
         return key
 
     def key_for(self, kind: str, producer: str) -> bytes | None:
+        """The key of the service that owns the stream of ``kind`` from ``producer``."""
         return self.key(owner_of(kind, producer))

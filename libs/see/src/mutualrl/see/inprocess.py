@@ -7,6 +7,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from typing_extensions import override
+
 from mutualrl.see.broker import Broker, Entry
 
 
@@ -46,6 +48,7 @@ class InProcessBroker(Broker):
     def _stream(self, name: str) -> _Stream:
         return self._streams.setdefault(name, _Stream())
 
+    @override
     def publish(self, stream: str, data: bytes, max_len: int | None = None, max_age_ms: int | None = None) -> str:
         with self._cond:
             s = self._stream(stream)
@@ -65,6 +68,7 @@ class InProcessBroker(Broker):
             self._cond.notify_all()
             return entry_id
 
+    @override
     def ensure_group(self, stream: str, group: str, start: str = "0") -> None:
         with self._cond:
             s = self._stream(stream)
@@ -89,6 +93,7 @@ class InProcessBroker(Broker):
                 out.append(Entry(name, entry_id, data, 1))
         return out
 
+    @override
     def read(self, group: str, consumer: str, streams: list[str], count: int = 100,
              block_ms: int | None = None) -> list[Entry]:
         deadline = None if block_ms is None else time.monotonic() + block_ms / 1000
@@ -102,6 +107,7 @@ class InProcessBroker(Broker):
                     return out
                 self._cond.wait(remaining)
 
+    @override
     def ack(self, stream: str, group: str, entry_ids: list[str]) -> int:
         with self._cond:
             s = self._streams.get(stream)
@@ -110,6 +116,7 @@ class InProcessBroker(Broker):
             g = s.groups[group]
             return sum(1 for e in entry_ids if g.pending.pop(e, None) is not None)
 
+    @override
     def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 100) -> list[Entry]:
         with self._cond:
             s = self._streams.get(stream)
@@ -131,16 +138,19 @@ class InProcessBroker(Broker):
                 out.append(Entry(stream, entry_id, s.entries[entry_id], p.deliveries + 1))
             return out
 
+    @override
     def pending_count(self, stream: str, group: str) -> int:
         with self._cond:
             s = self._streams.get(stream)
             return len(s.groups[group].pending) if s and group in s.groups else 0
 
+    @override
     def length(self, stream: str) -> int:
         with self._cond:
             s = self._streams.get(stream)
             return len(s.entries) if s else 0
 
+    @override
     def recent(self, stream: str, count: int) -> list[Entry]:
         with self._cond:
             s = self._streams.get(stream)
@@ -149,6 +159,7 @@ class InProcessBroker(Broker):
             ids = list(s.entries)[-count:][::-1]
             return [Entry(stream, i, s.entries[i], 0) for i in ids]
 
+    @override
     def last(self, stream: str) -> Entry | None:
         with self._cond:
             s = self._streams.get(stream)
@@ -157,6 +168,7 @@ class InProcessBroker(Broker):
             entry_id = next(reversed(s.entries))
             return Entry(stream, entry_id, s.entries[entry_id], 0)
 
+    @override
     def groups(self, stream: str) -> list[dict]:
         with self._cond:
             s = self._streams.get(stream)
@@ -167,6 +179,7 @@ class InProcessBroker(Broker):
                 for name, g in s.groups.items()
             ]
 
+    @override
     def streams(self, prefix: str = "") -> list[str]:
         with self._cond:
             return sorted(n for n in self._streams if n.startswith(prefix))

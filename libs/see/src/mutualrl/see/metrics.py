@@ -13,6 +13,7 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from typing_extensions import override
 
 from mutualrl.see.exchange import ExperienceExchange, dead_letter_stream
 
@@ -28,6 +29,7 @@ class SeeCollector(Collector):
     def __init__(self, exchange: ExperienceExchange):
         self.ex = exchange
 
+    @override
     def collect(self) -> Iterator:
         yield from self._exchange_counters()
         yield from self._stream_gauges()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+from typing_extensions import override
 
 from mutualrl.see.broker import Broker, Entry
 
@@ -79,6 +80,7 @@ class RedisBroker(Broker):
         if max_age_ms is not None:
             pipe.xtrim(stream, minid=f"{int(time.time() * 1000) - max_age_ms}-0", approximate=False)
 
+    @override
     def publish(self, stream: str, data: bytes, max_len: int | None = None, max_age_ms: int | None = None) -> str:
         pipe = self.r.pipeline(transaction=False)
         self._xadd(pipe, stream, data, max_len, max_age_ms)
@@ -96,6 +98,7 @@ class RedisBroker(Broker):
         return [_id(x) for x in res[: len(items)]]
 
     # ---- groups and reading ------------------------------------------------
+    @override
     def ensure_group(self, stream: str, group: str, start: str = "0") -> None:
         try:
             self.r.xgroup_create(stream, group, id=start, mkstream=True)
@@ -109,6 +112,7 @@ class RedisBroker(Broker):
             if g == group and s in streams:
                 self.ensure_group(s, g, start)
 
+    @override
     def read(self, group: str, consumer: str, streams: list[str], count: int = 100,
              block_ms: int | None = None) -> list[Entry]:
         try:
@@ -127,11 +131,13 @@ class RedisBroker(Broker):
                 out.append(Entry(name, _id(entry_id), fields.get(FIELD, b""), 1))
         return out
 
+    @override
     def ack(self, stream: str, group: str, entry_ids: list[str]) -> int:
         if not entry_ids:
             return 0
         return int(self.r.xack(stream, group, *entry_ids))
 
+    @override
     def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 100) -> list[Entry]:
         try:
             res = self.r.xautoclaim(stream, group, consumer, min_idle_ms, start_id="0-0", count=count)
@@ -150,21 +156,26 @@ class RedisBroker(Broker):
         return [Entry(stream, _id(i), f.get(FIELD, b""), counts.get(_id(i), 2)) for i, f in claimed]
 
     # ---- inspection --------------------------------------------------------
+    @override
     def pending_count(self, stream: str, group: str) -> int:
         try:
             return int(self.r.xpending(stream, group)["pending"])
         except redis.ResponseError:
             return 0
 
+    @override
     def length(self, stream: str) -> int:
         return int(self.r.xlen(stream))
 
+    @override
     def streams(self, prefix: str = "") -> list[str]:
         return sorted(_id(k) for k in self.r.scan_iter(match=f"{prefix}*", _type="STREAM", count=1000))
 
+    @override
     def recent(self, stream: str, count: int) -> list[Entry]:
         return [Entry(stream, _id(i), f.get(FIELD, b""), 0) for i, f in self.r.xrevrange(stream, count=count)]
 
+    @override
     def last(self, stream: str) -> Entry | None:
         res = self.r.xrevrange(stream, count=1)
         if not res:
@@ -181,7 +192,9 @@ class RedisBroker(Broker):
         return [{"name": _id(g["name"]), "pending": int(g["pending"]), "lag": g.get("lag")} for g in info]
 
     def ping(self) -> bool:
+        """Whether the server answers."""
         return bool(self.r.ping())
 
+    @override
     def close(self) -> None:
         self.r.close()

@@ -81,6 +81,7 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        """The server's URL on loopback (with the admin password when one is set)."""
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
@@ -94,6 +95,7 @@ class RedisServer:
         return args
 
     def start(self, timeout_s: float = 10.0) -> "RedisServer":
+        """Start the server and wait until it answers (``ServerNotFound`` / RuntimeError when it does not)."""
         self.proc = subprocess.Popen(self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout_s
@@ -113,6 +115,7 @@ class RedisServer:
             time.sleep(0.05)
 
     def stop(self, kill: bool = False) -> None:
+        """Stop the server (SIGTERM, or SIGKILL with ``kill``) and wait for it."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -131,6 +134,7 @@ class RedisServer:
         self.start()
 
     def cleanup(self) -> None:
+        """Stop the server and remove its data directory."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 

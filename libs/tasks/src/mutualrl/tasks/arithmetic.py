@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from typing_extensions import override
+
 from mutualrl.tasks.base import Problem, Task
 
 
@@ -38,6 +40,7 @@ class ArithmeticTask(Task):
         d = rng.randint(self.min_digits, self.max_digits)
         return rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
 
+    @override
     def sample(self, rng: random.Random) -> Problem:
         a, b = self._operand(rng), self._operand(rng)
         op = rng.choice(self.operators)

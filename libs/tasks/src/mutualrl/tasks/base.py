@@ -58,6 +58,7 @@ class Task(ABC):
 
     @property
     def train(self) -> list[Problem]:
+        """The training problems (built on first use)."""
         if self._train is None:
             self._build_splits()
         assert self._train is not None
@@ -65,6 +66,7 @@ class Task(ABC):
 
     @property
     def eval(self) -> list[Problem]:
+        """The held-out problems (built on first use, never overlapping the training ones)."""
         if self._eval is None:
             self._build_splits()
         assert self._eval is not None

@@ -11,6 +11,8 @@ import ast
 import random
 from collections import Counter
 
+from typing_extensions import override
+
 from mutualrl.tasks.answers import extract_answer
 from mutualrl.tasks.base import Problem, Task, Verifier
 
@@ -34,6 +36,7 @@ class CountdownTask(Task):
         self.num_numbers, self.max_number = num_numbers, max_number
         super().__init__(seed=seed, train_size=train_size, eval_size=eval_size)
 
+    @override
     def sample(self, rng: random.Random) -> Problem:
         nums = [rng.randint(1, self.max_number) for _ in range(self.num_numbers)]
         # Build a reachable target from a random expression over all numbers, so
@@ -48,6 +51,7 @@ class CountdownTask(Task):
         prompt = " ".join(map(str, nums)) + f">{target}:"
         return Problem(prompt=prompt, answer=expr, meta={"numbers": nums, "target": target})
 
+    @override
     def default_verifier(self, answer_format: str = "whole") -> Verifier:
         return CountdownVerifier(answer_format)
 
@@ -61,6 +65,7 @@ class CountdownVerifier(Verifier):
         extract_answer("", answer_format)  # an unknown format fails here
         self.answer_format = answer_format
 
+    @override
     def score(self, problem: Problem, completion: str) -> float:
         head, _, tail = problem.prompt.rpartition(">")
         try:

@@ -6,6 +6,8 @@ import json
 import random
 from pathlib import Path
 
+from typing_extensions import override
+
 from mutualrl.tasks.base import Problem, Task
 
 
@@ -27,6 +29,7 @@ class JsonlTask(Task):
             raise ValueError(f"{self.path}: need at least 2 problems, found {len(self._rows)}")
         super().__init__(seed=seed, train_size=train_size, eval_size=eval_size)
 
+    @override
     def sample(self, rng: random.Random) -> Problem:
         return rng.choice(self._rows)
 

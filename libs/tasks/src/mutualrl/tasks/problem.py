@@ -22,6 +22,7 @@ class Problem:
 
     @property
     def prompt_id(self) -> str:
+        """A stable id of the prompt (hash of its text): policies line up groups by it."""
         return hashlib.sha1(self.prompt.encode("utf-8")).hexdigest()[:16]
 
 
@@ -32,9 +33,11 @@ class Verifier(ABC):
     version: str = "1"
 
     @abstractmethod
-    def score(self, problem: Problem, completion: str) -> float: ...
+    def score(self, problem: Problem, completion: str) -> float:
+        """1.0 when ``completion`` answers ``problem`` correctly, else 0.0."""
 
     def score_many(self, problems: list[Problem], completions: list[str]) -> list[float]:
+        """Scores of completions, one per problem (a verifier may batch them)."""
         if len(problems) != len(completions):
             raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
         return [self.score(p, c) for p, c in zip(problems, completions)]

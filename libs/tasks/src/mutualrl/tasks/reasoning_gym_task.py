@@ -15,6 +15,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from typing_extensions import override
+
 from mutualrl.tasks.answers import extract_answer
 from mutualrl.tasks.base import Problem, Task, Verifier
 
@@ -63,6 +65,7 @@ class ReasoningGymTask(Task):
             raise ValueError(f"reasoning-gym dataset {dataset!r} rejects settings {self.settings}: {e}") from None
         super().__init__(seed=seed, train_size=train_size, eval_size=eval_size)
 
+    @override
     def sample(self, rng: random.Random) -> Problem:
         index = rng.randrange(len(self._dataset))
         entry = self._dataset[index]
@@ -87,6 +90,7 @@ class ReasoningGymTask(Task):
         return self._entries.get(problem.prompt) or {"question": problem.prompt, "answer": problem.answer,
                                                      "metadata": {}}
 
+    @override
     def default_verifier(self, answer_format: str = "whole") -> Verifier:
         return ReasoningGymVerifier(self, answer_format)
 
@@ -102,6 +106,7 @@ class ReasoningGymVerifier(Verifier):
         self.answer_format = answer_format
         self.version = f"{task.dataset_name}:{answer_format}"
 
+    @override
     def score(self, problem: Problem, completion: str) -> float:
         return 1.0 if self.task.score_answer(extract_answer(completion, self.answer_format),
                                              problem) >= 1.0 - 1e-9 else 0.0

@@ -7,6 +7,8 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import threading
 
+from typing_extensions import override
+
 from mutualrl.tasks.answers import extract_answer, normalise_number
 from mutualrl.tasks.problem import Problem, Verifier
 
@@ -16,6 +18,7 @@ class ExactMatchVerifier(Verifier):
 
     name = "exact"
 
+    @override
     def score(self, problem: Problem, completion: str) -> float:
         return 1.0 if completion.strip() == problem.answer.strip() else 0.0
 
@@ -31,6 +34,7 @@ class ExtractedAnswerVerifier(Verifier):
         self.answer_format = answer_format
         self.version = answer_format
 
+    @override
     def score(self, problem: Problem, completion: str) -> float:
         got = extract_answer(completion, self.answer_format)
         if got is None:
@@ -83,9 +87,11 @@ class MathVerifier(Verifier):
                 self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
             return self._pool
 
+    @override
     def score(self, problem: Problem, completion: str) -> float:
         return self.score_many([problem], [completion])[0]
 
+    @override
     def score_many(self, problems: list[Problem], completions: list[str]) -> list[float]:
         if len(problems) != len(completions):
             raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
@@ -106,6 +112,7 @@ class MathVerifier(Verifier):
         return scores
 
     def close(self) -> None:
+        """Stop the worker process that runs math-verify."""
         with self._lock:
             if self._pool is not None:
                 for p in list(getattr(self._pool, "_processes", {}).values()):

@@ -79,6 +79,7 @@ class AlignmentGroup:
     end: int
 
     def to_dict(self) -> dict:
+        """The group as JSON: source and target token indices and its byte span."""
         return {"source": list(self.source), "target": list(self.target), "bytes": [self.start, self.end]}
 
 

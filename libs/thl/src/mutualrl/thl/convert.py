@@ -28,6 +28,7 @@ class Residual:
     non_canonical: bool = False
 
     def to_dict(self) -> dict:
+        """The residual as a dict (metrics and ``thl inspect``)."""
         return asdict(self)
 
 

@@ -52,6 +52,7 @@ class VocabBytes:
     regular: np.ndarray  # [V] bool: the token is an ordinary byte-level token
 
     def join(self, ids: list[int]) -> bytes:
+        """The bytes the token ids spell."""
         p = self.pieces
         return b"".join([p[i] for i in ids])
 

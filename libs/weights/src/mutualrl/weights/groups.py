@@ -67,6 +67,7 @@ class VLLMNcclChannel:
         self.comm = PyNcclCommunicator(pg, device=torch.device(device))
 
     def broadcast(self, tensor: torch.Tensor) -> None:
+        """Send ``tensor`` from rank 0 over vLLM's NCCL communicator."""
         self.comm.broadcast(tensor, src=0, stream=torch.cuda.current_stream())
 
 

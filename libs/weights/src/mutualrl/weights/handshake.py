@@ -123,6 +123,7 @@ class WeightsFollower:
         self._error: BaseException | None = None
 
     def newest_announced(self) -> int:
+        """The newest version this policy's learner announced (0 before any)."""
         return newest_announced(self.ex, self.policy)
 
     def load_newest(self) -> None:

@@ -78,6 +78,7 @@ class WeightStore:
 
     def get(self, uri: str, checksum: str | None = None,
             manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
+        """A version's tensors by URI (directory or in-process), checked against ``checksum``."""
         if uri.startswith("inproc://"):
             policy, _, version = uri.removeprefix("inproc://").rpartition("/")
             with self._lock:

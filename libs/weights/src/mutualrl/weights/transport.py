@@ -47,6 +47,7 @@ class TensorManifest:
 
     @classmethod
     def of(cls, state: dict[str, torch.Tensor]) -> "TensorManifest":
+        """The manifest of a state dict: its names, dtypes and shapes in order."""
         names = tuple(state)
         return cls(names, tuple(str(state[k].dtype).removeprefix("torch.") for k in names),
                    tuple(tuple(state[k].shape) for k in names))
@@ -60,6 +61,7 @@ class TensorManifest:
             raise ValueError(f"manifest names unsupported dtypes {unknown}")
 
     def to_proto(self) -> list[pb.TensorSpec]:
+        """The manifest as ``TensorSpec`` messages for a ``WeightsPublished`` announcement."""
         return [pb.TensorSpec(name=n, dtype=d, shape=list(s)) for n, d, s in zip(self.names, self.dtypes, self.shapes)]
 
     @classmethod
@@ -72,9 +74,11 @@ class TensorManifest:
                    tuple(tuple(int(x) for x in t.shape) for t in specs))
 
     def empty(self, device: str = "cpu") -> list[torch.Tensor]:
+        """Empty tensors of the manifest's dtypes and shapes on ``device``, to receive a broadcast into."""
         return [torch.empty(shape, dtype=_DTYPES[d], device=device) for d, shape in zip(self.dtypes, self.shapes)]
 
     def byte_count(self) -> int:
+        """The bytes of all tensors."""
         return sum(torch.empty((), dtype=_DTYPES[d]).element_size() * int(torch.Size(s).numel())
                    for d, s in zip(self.dtypes, self.shapes))
 
@@ -88,16 +92,20 @@ class WeightSender(Protocol):
     """The learner's half of a transport: publishes a version (and decides when it is announced)."""
 
     def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce,
-                model_config=None) -> tuple[str, str]: ...
+                model_config=None) -> tuple[str, str]:
+        """Publish a version: write or send its tensors and ``announce`` it, in the transport's order; returns (uri,
+        checksum)."""
 
 
 class WeightReceiver(Protocol):
     """A rollout engine's half: loads a version by its URI and says which one it serves."""
 
     def get(self, uri: str, checksum: str | None = None,
-            manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]: ...
+            manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
+        """A version's tensors by URI."""
 
-    def acknowledge(self, policy: str, version: int) -> None: ...
+    def acknowledge(self, policy: str, version: int) -> None:
+        """The engine serves ``version``: older versions may go."""
 
 
 class WeightTransport(WeightSender, WeightReceiver, Protocol):
@@ -158,7 +166,8 @@ def weight_group(host: str, port: int, rank: int, world: int, backend: str = "gl
 class BroadcastChannel(Protocol):
     """One group the learner broadcasts into (rank 0 the source)."""
 
-    def broadcast(self, tensor: torch.Tensor) -> None: ...
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Send ``tensor`` (rank 0) or receive into it (the other ranks)."""
 
 
 class GroupChannel:
@@ -168,6 +177,7 @@ class GroupChannel:
         self.group = group
 
     def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast ``tensor`` from rank 0 over the process group."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         self.group.broadcast([tensor], opts).wait()
@@ -189,6 +199,7 @@ class CollectiveSender:
 
     def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce,
                 model_config=None) -> tuple[str, str]:
+        """Announce the version with its manifest, then broadcast the tensors to the receivers."""
         cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
         checksum, manifest, uri = tensor_checksum(cpu), TensorManifest.of(cpu), collective_uri(policy, version)
         announce(uri, checksum, manifest)  # receivers start taking tensors from here
@@ -213,6 +224,7 @@ class CollectiveReceiver:
 
     def get(self, uri: str, checksum: str | None = None,
             manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
+        """Receive an announced version's tensors from the learner's broadcast."""
         policy, version = parse_collective_uri(uri)
         if manifest is None:
             raise ValueError(f"{uri}: a collective version needs the announced manifest (names, dtypes, shapes)")

@@ -151,6 +151,7 @@ class Learner:
         self._to_ack = []
 
     def state_dict(self) -> dict:
+        """Everything a resumed learner needs: model, optimiser, version, tracker, totals and reputation."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
@@ -161,6 +162,7 @@ class Learner:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved."""
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.version = int(state["version"])

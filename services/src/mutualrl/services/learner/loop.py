@@ -42,13 +42,15 @@ from mutualrl.tasks import Problem
 class Lockstep(Protocol):
     """How rank 0 tells a sharded learner's other ranks what it runs next (they wait for it)."""
 
-    def send(self, command: str, payload=None) -> None: ...
+    def send(self, command: str, payload=None) -> None:
+        """Tell the other ranks the command this rank runs next."""
 
 
 class SingleRank:
     """The lockstep of a learner with one rank: nobody to tell."""
 
     def send(self, command: str, payload=None) -> None:
+        """Nobody to tell."""
         return None
 
 
@@ -81,6 +83,7 @@ class Checkpoints:
     every: int
 
     def due(self, step: int, last: int) -> bool:
+        """Whether ``step`` is checkpointed: every ``every`` steps, and the last."""
         return step % self.every == 0 or step == last
 
 
@@ -188,6 +191,7 @@ class LearnerLoop:
         self.learner.publish_weights(inputs.step)  # every rank gathers; rank 0 publishes
 
     def evaluate(self) -> float:
+        """Held-out accuracy of the learner's current weights."""
         return self._evaluate(self.learner.model)
 
     def checkpoint(self, step: int) -> None:

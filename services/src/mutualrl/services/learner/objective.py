@@ -40,6 +40,7 @@ class Rows:
 
     def add(self, *, prompt_token_ids, token_ids, logprobs, mask, reward, prompt_id, source_policy, kind,
             source_mean_logprob) -> None:
+        """Append one row (its token ids, log-probs and mask must have one entry per token)."""
         if not (len(token_ids) == len(logprobs) == len(mask)):
             raise ValueError(f"row of {len(token_ids)} tokens has {len(logprobs)} log-probs and {len(mask)} mask "
                              "entries")
@@ -61,6 +62,7 @@ class Rows:
         return len(self.reward)
 
     def count(self, kind: int) -> int:
+        """How many rows are of ``kind``."""
         return sum(1 for k in self.kind if k == kind)
 
 

@@ -33,9 +33,11 @@ class TokenizerRegistry:
         self._by_fp: dict[str, PreTrainedTokenizerBase] = {}
 
     def register(self, fingerprint: str, tok: PreTrainedTokenizerBase) -> None:
+        """Know a peer's tokenizer by its vocabulary fingerprint."""
         self._by_fp[fingerprint] = tok
 
     def get(self, fingerprint: str) -> PreTrainedTokenizerBase | None:
+        """The tokenizer of a fingerprint, or None (its messages are refused as ``unknown_tokenizer``)."""
         return self._by_fp.get(fingerprint)
 
 
@@ -94,6 +96,7 @@ class IntakeResult:
     used: list[Received] = field(default_factory=list)  # everything consumed (accepted or rejected), to ack
 
     def residual_summary(self) -> dict[str, float]:
+        """The step's THL residuals: means over the converted messages, for the record."""
         def mean(xs: list[float]) -> float:
             return sum(xs) / len(xs) if xs else 0.0
 

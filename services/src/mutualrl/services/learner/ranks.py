@@ -85,6 +85,7 @@ class RankGroup:
         dist.broadcast_object_list([(command, payload)], src=0)
 
     def stop(self) -> None:
+        """Tell the ranks to stop and wait for their processes (killing those that do not exit)."""
         try:
             self.send("stop")
         except Exception:  # noqa: BLE001 - the group is already down; the ranks exit on their own

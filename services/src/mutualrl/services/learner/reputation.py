@@ -43,10 +43,12 @@ class PeerReputation:
         self._peers: dict[str, _PeerRecord] = {}
 
     def quarantined(self, peer: str) -> bool:
+        """Whether ``peer`` is quarantined now."""
         rec = self._peers.get(peer)
         return rec is not None and rec.quarantined
 
     def failure_rate(self, peer: str) -> float:
+        """The share of ``peer``'s checked claims in the window that failed."""
         rec = self._peers.get(peer)
         if rec is None:
             return 0.0
@@ -73,10 +75,12 @@ class PeerReputation:
         return events
 
     def state_dict(self) -> dict:
+        """Each peer's window and status, for a checkpoint."""
         return {p: {"history": list(r.history), "quarantined": r.quarantined,
                     "clean_steps": r.clean_steps} for p, r in self._peers.items()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved."""
         self._peers = {p: _PeerRecord(deque((tuple(x) for x in v["history"]), maxlen=self.window),
                                       bool(v["quarantined"]), int(v["clean_steps"]))
                        for p, v in state.items()}

@@ -67,6 +67,7 @@ class Experiment:
 
     @property
     def remaining_steps(self) -> int:
+        """Steps left to the slowest policy."""
         return max(0, self.config.budget.steps - min(self.steps.get(p.name, 0) for p in self.config.policies))
 
 
@@ -97,6 +98,7 @@ class Controller:
         return [n for n in nodes if n.gpus > 0]
 
     def dry_run(self, cfg: ExperimentConfig) -> Plan:
+        """The plan a config would get on the free GPUs now, placing nothing."""
         nodes = self._free_nodes()
         if not nodes:
             raise PlanningError("no free GPUs in the cluster")
@@ -141,6 +143,8 @@ class Controller:
     def replan(self, exp: Experiment, reason: str, force: bool = False, min_gain: float | None = None,
                window_fit: bool = False) -> bool:
         # plan for the costs halfway through what is left, at most 25 steps ahead (as simulated)
+        """Plan again from measured costs; move only when the gain beats ``min_gain`` and the cost of moving (or
+        ``force``)."""
         demands = exp.measured.apply(exp.demands, planning_horizon(exp.remaining_steps), window_fit)
         try:
             candidate = make_plan(demands, self._free_nodes(excluding=exp.id), exp.plan.generation + 1, reason)
@@ -197,6 +201,7 @@ class Controller:
 
     # ---- the loop ------------------------------------------------------------------------------
     def stop(self, exp_id: str) -> Experiment:
+        """Stop an experiment: its objects are deleted and its GPUs freed."""
         with self.lock:
             exp = self.experiments[exp_id]
             if exp.status == "running":
@@ -205,6 +210,7 @@ class Controller:
             return exp
 
     def is_leader(self) -> bool:
+        """Whether this controller leads (always, without leader election)."""
         self.leading = self.leader is None or self.leader.try_acquire()
         return self.leading
 
@@ -227,6 +233,7 @@ class Controller:
             return events
 
     def view(self, exp: Experiment) -> dict:
+        """An experiment as the API shows it."""
         return {"id": exp.id, "name": exp.config.name, "status": exp.status, "created": exp.created,
                 "policies": [p.name for p in exp.config.policies],
                 "plan_generation": exp.plan.generation, "remaining_steps": exp.remaining_steps,

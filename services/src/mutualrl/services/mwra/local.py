@@ -24,6 +24,7 @@ class ServiceAssignment:
     cuda_visible_devices: str | None = None
 
     def env(self) -> dict[str, str]:
+        """The environment a service runs with: its threads and, on a GPU host, its devices."""
         env = {"MUTUALRL_TORCH_THREADS": str(self.threads), "OMP_NUM_THREADS": str(self.threads)}
         if self.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
@@ -39,6 +40,7 @@ class LocalPlan:
     units: int
 
     def lines(self) -> list[str]:
+        """The plan as lines for the console."""
         out = [f"plan ({self.device}, {self.units} {'GPUs' if self.device == 'gpu' else 'cores'}):"]
         for (policy, role), a in sorted(self.assignments.items()):
             where = f"CUDA_VISIBLE_DEVICES={a.cuda_visible_devices}" if a.cuda_visible_devices is not None else "cpu"

@@ -31,6 +31,7 @@ class MwraMetrics:
         self.partial.inc(0)
 
     def show(self, plan: Plan) -> None:
+        """A plan's allocations and predictions into the Prometheus gauges."""
         for name, a in plan.allocations.items():
             self.allocated.labels(name, "rollout").set(a.rollout_gpus)
             self.allocated.labels(name, "learner").set(a.learner_gpus)

@@ -70,10 +70,12 @@ class PolicyDemand:
 
     @property
     def min_rollout(self) -> int:
+        """The fewest rollout GPUs: TP × minimum replicas."""
         return self.rollout_tp * self.rollout_min_replicas
 
     @property
     def min_gang(self) -> int:
+        """The fewest GPUs the policy can run on at all (rollout and learner)."""
         return self.min_rollout + self.learner_min_gpus
 
 
@@ -104,6 +106,7 @@ class Allocation:
 
     @property
     def gpus(self) -> int:
+        """Rollout and learner GPUs together."""
         return self.rollout_gpus + self.learner_gpus
 
 
@@ -118,29 +121,35 @@ class Plan:
 
     @property
     def predicted_step_seconds(self) -> float:
+        """The slowest policy's predicted step: the pace of a lockstep run."""
         return max(a.predicted_step_seconds for a in self.allocations.values())
 
     @property
     def allocated_gpus(self) -> int:
+        """GPUs the plan uses."""
         return sum(a.gpus for a in self.allocations.values())
 
     @property
     def spare_gpus(self) -> int:
+        """GPUs the plan leaves free."""
         return self.total_gpus - self.allocated_gpus
 
     @property
     def lower_bound_ratio(self) -> float:
+        """Predicted step over the lower bound any plan could reach."""
         return self.predicted_step_seconds / self.lower_bound_step_seconds
 
     def counts(self) -> dict[str, int]:
+        """GPUs per policy."""
         return {k: a.gpus for k, a in self.allocations.items()}
 
     def to_dict(self) -> dict:
+        """The plan as JSON (API, CLI and metrics)."""
         return {
             "generation": self.generation, "reason": self.reason, "total_gpus": self.total_gpus,
-                "spare_gpus": self.spare_gpus,
+            "spare_gpus": self.spare_gpus,
             "predicted_step_seconds": self.predicted_step_seconds,
-                "lower_bound_step_seconds": self.lower_bound_step_seconds,
+            "lower_bound_step_seconds": self.lower_bound_step_seconds,
             "lower_bound_ratio": self.lower_bound_ratio,
             "policies": {
                 k: {"rollout_gpus": a.rollout_gpus, "learner_gpus": a.learner_gpus,
@@ -375,6 +384,7 @@ class ReplanSchedule:
     calibrations: int = 0  # judged so far: 0, 1 (first measurement) or 2 (full window)
 
     def next(self, window_full: bool) -> Judgement:
+        """The next judgement: a calibration re-plan on first measurements, then the configured gain bar."""
         if self.calibrations == 0:
             self.calibrations = 1
             return Judgement("measured", self.calibration_gain)
@@ -442,6 +452,7 @@ class MeasuredCosts:
 
     def observe(self, d: PolicyDemand, rollout: int, learner: int, generate_s: float, train_s: float,
                 sync_s: float = 0.0) -> None:
+        """Fold one measured step (seconds per stage on its split) into the policy's cost estimate."""
         gen_w = generate_s * speed(rollout, d.scaling_efficiency)
         train_w = train_s * speed(learner, d.scaling_efficiency)
         w = gen_w + train_w

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
+from typing_extensions import override
 
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
@@ -67,6 +68,7 @@ class Scenario:
     seed: int = 0
 
     def nodes(self) -> list[Node]:
+        """The scenario's nodes: full ones of ``node_size`` GPUs and the remainder."""
         full, rest = divmod(self.gpus, self.node_size)
         return [Node(f"node-{i}", self.node_size) for i in range(full)] + ([Node(f"node-{full}", rest)] if rest else [])
 
@@ -101,16 +103,18 @@ class SimResult:
 
     @property
     def makespan_over_lower_bound(self) -> float | None:
+        """Makespan over the lower bound (None when the run stalled)."""
         return None if self.makespan_s is None else self.makespan_s / self.lower_bound_s
 
     def to_dict(self) -> dict:
+        """The result as JSON."""
         return {
             "makespan_s": self.makespan_s, "lower_bound_s": self.lower_bound_s,
-                "makespan_over_lower_bound": self.makespan_over_lower_bound,
+            "makespan_over_lower_bound": self.makespan_over_lower_bound,
             "utilisation": self.utilisation, "max_step_s": self.max_step_s, "min_step_s": self.min_step_s,
-                "peer_lag_steps": self.peer_lag_steps,
+            "peer_lag_steps": self.peer_lag_steps,
             "replans": self.replans, "partial_gang_gpu_seconds": self.partial_gang_gpu_seconds,
-                "longest_no_progress_s": self.longest_no_progress_s,
+            "longest_no_progress_s": self.longest_no_progress_s,
             "stalled": self.stalled, "post_loss_over_new_lower_bound": self.post_loss_over_new_lower_bound,
         }
 
@@ -167,6 +171,7 @@ class EqualSplit(Strategy):
     """Every policy gets the same number of GPUs."""
     name = "equal"
 
+    @override
     def initial(self, estimates, nodes):
         self.demands = list(estimates)
         total = sum(n.gpus for n in nodes)
@@ -174,6 +179,7 @@ class EqualSplit(Strategy):
                                      "initial")
         return self.plan
 
+    @override
     def node_lost(self, nodes, remaining_steps):
         self.replans += 1
         old = self.plan
@@ -206,6 +212,7 @@ class Proportional(EqualSplit):
     """GPUs proportional to the seeded costs, decided once."""
     name = "proportional"
 
+    @override
     def initial(self, estimates, nodes):
         self.demands = list(estimates)
         self.plan = plan_from_counts(self.demands, proportional_counts(self.demands, sum(n.gpus for n in nodes)), nodes,
@@ -227,11 +234,13 @@ class Mwra(Strategy):
         self.schedule = ReplanSchedule(min_gain, calibration_gain)
         self.measured = MeasuredCosts(alpha=alpha)
 
+    @override
     def initial(self, estimates, nodes):
         self.demands, self.nodes = list(estimates), list(nodes)
         self.plan = make_plan(self.demands, self.nodes)
         return self.plan
 
+    @override
     def observe(self, demand, split, generate_s, train_s, remaining_steps):
         self.measured.observe(demand, *split, generate_s, train_s)
         if len(self.measured.values) < len(self.demands):
@@ -247,6 +256,7 @@ class Mwra(Strategy):
         self.plan = candidate
         return candidate
 
+    @override
     def node_lost(self, nodes, remaining_steps):
         self.nodes = list(nodes)
         self.replans += 1
@@ -264,11 +274,13 @@ class FixedPlan(Strategy):
         super().__init__()
         self.counts, self.after_loss = counts, after_loss
 
+    @override
     def initial(self, estimates, nodes):
         self.demands = list(estimates)
         self.plan = plan_from_counts(self.demands, self.counts, nodes, 0, "initial")
         return self.plan
 
+    @override
     def node_lost(self, nodes, remaining_steps):
         self.replans += 1
         counts = self.after_loss or proportional_counts(self.demands, sum(n.gpus for n in nodes))
@@ -471,7 +483,7 @@ def best_static(scenario: Scenario, costs: np.ndarray) -> SimResult | None:
 
 def build_scenario(
     policies: int, gpus: int, cost_ratio: float, seed: int = 0, steps: int = 200, drift: float = 0.5,
-        node_loss_step: int | None = None,
+    node_loss_step: int | None = None,
     estimate_sigma: float = 0.3, move_cost_s: float = 120.0, target_step_s: float = 60.0,
 ) -> Scenario:
     """Policies whose costs spread geometrically from 1 to ``cost_ratio``; generation shares,

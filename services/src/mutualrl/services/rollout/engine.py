@@ -55,7 +55,9 @@ class RolloutEngine(ABC):
         learner's broadcast while it runs."""
 
     @abstractmethod
-    def health(self) -> Literal["ok", "starting", "down"]: ...
+    def health(self) -> Literal["ok", "starting", "down"]:
+        """``ok``, ``starting`` or ``down``."""
 
     @abstractmethod
-    def info(self) -> EngineInfo: ...
+    def info(self) -> EngineInfo:
+        """What the engine serves: its weights version and backend details."""

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 import transformers
 from transformers import PreTrainedModel
+from typing_extensions import override
 
 from mutualrl.models.generation import Sample, sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
@@ -32,6 +33,7 @@ class HFEngine(RolloutEngine):
         self.version = 0
         self._lock = threading.RLock()  # generate and update never interleave
 
+    @override
     def generate(self, prompts: list[list[int]], spec: SamplingSpec,
                  cancel: threading.Event | None = None) -> list[list[Sample]]:
         if spec.n < 1:
@@ -55,6 +57,7 @@ class HFEngine(RolloutEngine):
             )
         return [out[i * spec.n : (i + 1) * spec.n] for i in range(len(prompts))]
 
+    @override
     def update_weights(self, version: int, uri: str, checksum: str | None = None,
                        manifest: TensorManifest | None = None) -> None:
         if version <= self.version:
@@ -68,9 +71,11 @@ class HFEngine(RolloutEngine):
                                  f"{unexpected[:3]}")
             self.version = version
 
+    @override
     def health(self) -> Literal["ok", "starting", "down"]:
         return "ok"
 
+    @override
     def info(self) -> EngineInfo:
         return EngineInfo(
             engine="hf",

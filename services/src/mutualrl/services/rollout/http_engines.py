@@ -20,6 +20,7 @@ import threading
 from typing import Literal
 
 import requests
+from typing_extensions import override
 
 from mutualrl.models.generation import GenerationCancelled, Sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
@@ -113,6 +114,7 @@ class VLLMServerEngine(_HttpEngine):
     kind = "vllm"
 
     def probe(self) -> "VLLMServerEngine":
+        """Check that a vLLM server answers and offers the routes weight reloads need."""
         try:
             resp = self._get("/version")
         except requests.RequestException as e:
@@ -131,6 +133,7 @@ class VLLMServerEngine(_HttpEngine):
             )
         return self
 
+    @override
     def generate(self, prompts: list[list[int]], spec: SamplingSpec,
                  cancel: threading.Event | None = None) -> list[list[Sample]]:
         _check_cancel(cancel)  # the server's own request timeout bounds a call already sent
@@ -244,6 +247,7 @@ class SGLangServerEngine(_HttpEngine):
     kind = "sglang"
 
     def probe(self) -> "SGLangServerEngine":
+        """Check that an SGLang server answers and which weight-update routes it has."""
         try:
             resp = self._get("/server_info")
             if resp.status_code == 404:
@@ -260,6 +264,7 @@ class SGLangServerEngine(_HttpEngine):
         }
         return self
 
+    @override
     def generate(self, prompts: list[list[int]], spec: SamplingSpec,
                  cancel: threading.Event | None = None) -> list[list[Sample]]:
         _check_cancel(cancel)

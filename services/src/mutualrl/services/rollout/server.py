@@ -20,6 +20,7 @@ from typing import Callable
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from transformers import PreTrainedTokenizerBase
+from typing_extensions import override
 
 from mutualrl.models.generation import GenerationCancelled
 from mutualrl.models.policy import PromptStyle, encode_prompt
@@ -121,6 +122,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         self.metrics.requests.labels(self.policy, method, err.code.name).inc()
         context.abort(err.code, str(err))
 
+    @override
     def Generate(self, request: rpb.GenerateRequest,
                  context: grpc.ServicerContext) -> rpb.GenerateResponse:  # noqa: N802 - gRPC API
         t0 = time.monotonic()
@@ -167,6 +169,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         self.metrics.latency.labels(self.policy).observe(time.monotonic() - t0)
         return resp
 
+    @override
     def UpdateWeights(self, request: rpb.UpdateWeightsRequest,
                       context: grpc.ServicerContext) -> rpb.UpdateWeightsResponse:  # noqa: N802
         current = self.engine.info().weights_version
@@ -208,6 +211,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         self.metrics.requests.labels(self.policy, "UpdateWeights", "OK").inc()
         return rpb.UpdateWeightsResponse(version=version)
 
+    @override
     def Health(self, request: rpb.HealthRequest, context: grpc.ServicerContext) -> rpb.HealthResponse:  # noqa: N802
         info = self.engine.info()
         return rpb.HealthResponse(
@@ -217,6 +221,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         )
 
     def health_dict(self) -> dict:
+        """The rollout service's health as JSON."""
         info = self.engine.info()
         return {"status": self.engine.health(), "policy": self.policy, "role": "rollout",
                 "weights_version": info.weights_version}

@@ -29,11 +29,13 @@ class StepRollouts:
 
     @property
     def reward_mean(self) -> float:
+        """The mean reward of the step's rollouts."""
         flat = [r for rs in self.rewards.values() for r in rs]
         return sum(flat) / len(flat) if flat else 0.0
 
     @property
     def count(self) -> int:
+        """How many rollouts the step sampled."""
         return sum(len(rs) for rs in self.rewards.values())
 
 
@@ -72,6 +74,7 @@ class RolloutWorker:
         return SamplingSpec(**{**self.sampling.__dict__, "seed": s})
 
     def run_step(self, step: int, problems: list[Problem]) -> StepRollouts:
+        """Sample G completions per prompt, score them and publish the step's experience on SEE."""
         version = self.engine.info().weights_version
         prompt_ids = [encode_prompt(self.tok, p.prompt, self.prompt_style) for p in problems]
         t0 = time.monotonic()
@@ -154,5 +157,5 @@ def _advantage_stats(prompt_id: str, step: int, rewards: list[float]) -> pb.Adva
     return pb.AdvantageStats(
         prompt_id=prompt_id, step=step, count=len(rewards), mean=statistics.fmean(rewards),
         std=statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
-            success_rate=sum(1 for r in rewards if r > 0) / len(rewards),
+        success_rate=sum(1 for r in rewards if r > 0) / len(rewards),
     )

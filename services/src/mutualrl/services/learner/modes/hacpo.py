@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
+from typing_extensions import override
 
 from mutualrl.config import SharingConfig
 from mutualrl.config.schema import OptimConfig
@@ -54,6 +55,7 @@ class Hacpo(SharingMode):
     peer_kinds = ("rollout",)
 
     @staticmethod
+    @override
     def needs_tracker(sharing: SharingConfig) -> bool:
         return True
 
@@ -75,6 +77,7 @@ class Hacpo(SharingMode):
         complete = [r for r in rows if sizes[(r.prompt_id, r.source_policy)] == r.group_size]
         return complete, len(rows) - len(complete)
 
+    @override
     def advantages(self, rows: Rows, peer_stats: dict[str, list[PeerStats]]) -> StepAdvantages:
         assert self.tracker is not None
         rewards, groups, kind = torch.tensor(rows.reward), group_ids(rows)[0], torch.tensor(rows.kind)
@@ -86,12 +89,14 @@ class Hacpo(SharingMode):
         return StepAdvantages(adv, omega, {"hacpo_baseline_mean": float(base.mean()) if len(rows) else 0.0,
                                            "capability_self": self.tracker.capability(self.policy)})
 
+    @override
     def minibatches(self, rows: Rows, minibatch_rows: int | None) -> list[slice]:
         h = self.sh.hacpo
         if h.schedule == "paper":
             return hacpo_minibatches(rows.kind, rows.source_policy, h.self_minibatches, h.cross_minibatches)
         return consecutive_minibatches(len(rows), minibatch_rows)
 
+    @override
     def loss(self, x: LossInputs) -> PolicyLossOutput:
         h, a = self.sh.hacpo, self.a
         return hacpo_loss(
@@ -101,5 +106,6 @@ class Hacpo(SharingMode):
             ref_logp=x.ref_logp, kl_coef=a.kl_coef, kl_type=a.kl_type, kl_agg=a.loss_agg, norm_len=self.norm_len,
         )
 
+    @override
     def clip_fraction(self, metrics: dict) -> float | None:
         return metrics.get("self_clip_frac")  # own rows are clipped by HACPO's self bounds

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
 from mutualrl.services.learner.modes.base import SharingMode, register_mode
 from mutualrl.services.learner.objective import PEER
@@ -17,5 +18,6 @@ class Naive(SharingMode):
     section = "§2.9"
     peer_kinds = ("rollout",)
 
+    @override
     def on_policy_rows(self, kind: torch.Tensor) -> torch.Tensor:
         return kind == PEER

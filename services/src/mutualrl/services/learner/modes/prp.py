@@ -3,6 +3,8 @@ ratio on peer rows and THL's residual gate (docs/algorithms.md §3.3 PRP)."""
 
 from __future__ import annotations
 
+from typing_extensions import override
+
 from mutualrl.grpo import PolicyLossOutput, prp_peer_loss
 from mutualrl.services.learner.modes.base import SharingMode, register_mode
 from mutualrl.services.learner.objective import PEER, LossInputs
@@ -16,6 +18,7 @@ class PeerRolloutPooling(SharingMode):
     section = "§3.3 PRP"
     peer_kinds = ("rollout",)
 
+    @override
     def peer_loss(self, x: LossInputs) -> PolicyLossOutput | None:
         peer = x.kind == PEER
         if not peer.any():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
 from mutualrl.grpo import RescueItem, group_insert_advantages, select_rescues, sgt_nll
 from mutualrl.models.generation import sequence_logprobs
@@ -23,9 +24,11 @@ class SuccessGatedTransfer(SharingMode):
     peer_kinds = ("verified_success",)
     record_keys = ("sgt_nll",)
 
+    @override
     def gate_open(self, own_successes: dict[str, int], group_size: int) -> int:
         return sum(1 for n in own_successes.values() if n <= self.sh.sgt.gate_tau * group_size)
 
+    @override
     def rescues(self, rows: Rows, intake: IntakeResult, own_successes: dict[str, int],
                 group_size: int) -> list[RescueItem]:
         g = self.sh.sgt
@@ -38,6 +41,7 @@ class SuccessGatedTransfer(SharingMode):
                          prompt_id=x.prompt_id, source_policy=x.source_policy, kind=RESCUE, source_mean_logprob=0.0)
         return rescues
 
+    @override
     def advantages(self, rows: Rows, peer_stats: dict[str, list[PeerStats]]) -> StepAdvantages:
         if self.sh.sgt.variant == "nll":
             return super().advantages(rows, peer_stats)
@@ -49,9 +53,11 @@ class SuccessGatedTransfer(SharingMode):
         adv[own], adv[~own] = own_adv, res_adv
         return StepAdvantages(adv, torch.ones(len(rows)))
 
+    @override
     def on_policy_rows(self, kind: torch.Tensor) -> torch.Tensor:
         return kind == RESCUE  # inserted rescues: ratio 1
 
+    @override
     def rescue_loss(self, model, rescues: list[RescueItem], minibatch_index: int,
                     pad_id: int) -> tuple[torch.Tensor | None, dict]:
         if minibatch_index != 0 or not rescues or self.sh.sgt.variant != "nll":

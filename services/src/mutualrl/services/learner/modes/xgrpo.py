@@ -4,6 +4,7 @@ XGRPO)."""
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
 from mutualrl.config import SharingConfig
 from mutualrl.grpo import RescueItem, xgrpo_advantages
@@ -33,13 +34,16 @@ class CrossGroupAdvantages(SharingMode):
     peer_kinds = ("advantage_stats",)
 
     @staticmethod
+    @override
     def needs_tracker(sharing: SharingConfig) -> bool:
         return sharing.xgrpo.variant == "calibrated"
 
+    @override
     def observe(self, own_rewards: list[float], intake: IntakeResult) -> None:
         if self.tracker is not None:
             self.tracker.update({self.policy: own_rewards, **intake.peer_rewards, **stats_outcomes(intake.stats)})
 
+    @override
     def shared_in(self, peer_rows: int, rescues: list[RescueItem], stats: dict[str, list[PeerStats]]) -> int:
         return peer_rows + len(rescues) + sum(len(v) for v in stats.values())
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from typing_extensions import override
+
 from mutualrl.services.mwra.planner import Node, Plan
 
 
@@ -83,9 +85,11 @@ class InMemoryBackend(Backend):
         self.gangs: dict[tuple[str, str], dict] = {}  # (run, policy) -> {"plan_generation", "placements"}
         self._events: list[BackendEvent] = []
 
+    @override
     def nodes(self) -> list[Node]:
         return list(self._nodes.values())
 
+    @override
     def apply(self, spec: RunSpec, plan: Plan) -> None:
         for key in [k for k in self.gangs if k[0] == spec.run and k[1] not in plan.allocations]:
             del self.gangs[key]
@@ -95,11 +99,13 @@ class InMemoryBackend(Backend):
             self.gangs[(spec.run, name)] = {"plan_generation": plan.generation, "placements": alloc.placements}
             self._events.append(BackendEvent("gang_admitted", spec.run, name))
 
+    @override
     def delete(self, run: str) -> None:
         for key in [k for k in self.gangs if k[0] == run]:
             del self.gangs[key]
 
     def lose_node(self, name: str) -> None:
+        """Simulate a node failure: the node and every gang with a pod on it go."""
         del self._nodes[name]
         self._events.append(BackendEvent("node_lost", detail=name))
         for (run, policy), g in list(self.gangs.items()):
@@ -107,6 +113,7 @@ class InMemoryBackend(Backend):
                 del self.gangs[(run, policy)]  # the whole gang goes: never a partial one
                 self._events.append(BackendEvent("gang_evicted", run, policy, f"node {name} lost"))
 
+    @override
     def poll(self) -> list[BackendEvent]:
         out, self._events = self._events, []
         return out

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from typing_extensions import override
 
 from mutualrl.services.mwra.backends import k8s_objects as ko
 from mutualrl.services.mwra.backends.base import Backend, BackendEvent, RunSpec
@@ -74,6 +75,7 @@ class LeaderElection:
         self.identity = identity or f"mwra-{uuid.uuid4().hex[:8]}"
 
     def try_acquire(self) -> bool:
+        """Take or renew the Lease; True while this controller leads."""
         now = _now()
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace)
@@ -154,6 +156,7 @@ class KubernetesBackend(Backend):
         self.static_nodes = static_nodes  # planned on when nodes cannot be listed (no ClusterRole)
 
     # ---- nodes ---------------------------------------------------------------------------------
+    @override
     def nodes(self) -> list[Node]:
         if self.static_nodes is not None:
             return list(self.static_nodes)
@@ -220,6 +223,7 @@ class KubernetesBackend(Backend):
                     raise
         return owner
 
+    @override
     def record_event(self, spec: RunSpec, reason: str, message: str, kind: str = "Normal") -> None:
         now = _now()
         body = client.CoreV1Event(
@@ -229,7 +233,7 @@ class KubernetesBackend(Backend):
                 "config"), namespace=spec.namespace),
             reason=reason, message=message[:1024], type=kind, first_timestamp=now, last_timestamp=now, count=1,
             source=client.V1EventSource(component="mutualrl-mwra"), reporting_component="mutualrl-mwra",
-                reporting_instance="mwra",
+            reporting_instance="mwra",
         )
         try:
             self.core.create_namespaced_event(spec.namespace, body)
@@ -237,6 +241,7 @@ class KubernetesBackend(Backend):
             log.warning("event not recorded: %s", e.reason)
 
     # ---- the interface -------------------------------------------------------------------------
+    @override
     def apply(self, spec: RunSpec, plan: Plan) -> None:
         state = self.runs.get(spec.run)
         if state is None:
@@ -284,6 +289,7 @@ class KubernetesBackend(Backend):
             self._delete(obj)
             self.pods.pop(obj["metadata"]["name"], None)
 
+    @override
     def delete(self, run: str) -> None:
         state = self.runs.pop(run, None)
         if state is None:
@@ -347,6 +353,7 @@ class KubernetesBackend(Backend):
         finally:
             w.stop()
 
+    @override
     def poll(self) -> list[BackendEvent]:
         self._watch()
         nodes = {n.name for n in self.nodes()}
