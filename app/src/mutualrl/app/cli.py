@@ -102,10 +102,7 @@ def up(
             why = failure[0] if failure else "a service kept failing"
             err.print(f"[bold red]error:[/] {why} (logs in {target / 'logs'})", highlight=False, soft_wrap=True)
         raise typer.Exit(rc)
-    out.print(f"[bold]done[/] → {target}")
-    for name, p in summary["policies"].items():
-        out.print(f"  {name}: accuracy {p['warm_start_accuracy']:.1%} → {p['final_accuracy']:.1%}, "
-                  f"rescues {p['rescue_count']}")
+    _print_summary(target, summary)
 
 
 @app.command()
