@@ -8,28 +8,18 @@ import urllib.request
 import grpc
 import pytest
 import torch
+from tiny_engine import tiny_engine  # beside this file
 
-from mutualrl.models import load_policy
-from mutualrl.models.families import ModelShape
 from mutualrl.runtime.http_endpoints import OpsServer
-from mutualrl.services.rollout import HFEngine
 from mutualrl.services.rollout.server import RolloutServicer, serve
 from mutualrl.v1 import rollout_service_pb2 as rpb
 from mutualrl.v1 import rollout_service_pb2_grpc as rgrpc
-from mutualrl.weights import WeightStore
-
-SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=64)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from mutualrl.tasks import build_task
-
-    task = build_task("arithmetic", seed=0, min_digits=1, max_digits=2, train_size=500, eval_size=16)
-    arts = load_policy(family="llama", shape=SHAPE, tokenizer_kind="char", corpus=task.corpus,
-                       corpus_fingerprint=task.fingerprint(), seed=1)
-    store = WeightStore(tmp_path_factory.mktemp("weights"))
-    engine = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store)
+    arts, store, engine = tiny_engine(tmp_path_factory.mktemp("weights"), max_positions=64, seed=1,
+                                      train_size=500, eval_size=16)
     servicer = RolloutServicer("a", engine, arts.tokenizer, arts.fingerprint)
     server, port = serve(servicer)
     ops = OpsServer(servicer.registry, servicer.health_dict).start()

@@ -9,27 +9,18 @@ import time
 
 import grpc
 import pytest
+from tiny_engine import tiny_engine  # beside this file
 
-from mutualrl.models import load_policy
-from mutualrl.models.families import ModelShape
 from mutualrl.services.rollout import HFEngine
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
 from mutualrl.v1 import rollout_service_pb2 as rpb
 from mutualrl.v1 import rollout_service_pb2_grpc as rgrpc
-from mutualrl.weights import WeightStore
-
-SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=4096)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from mutualrl.tasks import build_task
-
-    task = build_task("arithmetic", seed=0, min_digits=1, max_digits=2, train_size=200, eval_size=8)
-    arts = load_policy(family="llama", shape=SHAPE, tokenizer_kind="char", corpus=task.corpus,
-                       corpus_fingerprint=task.fingerprint(), seed=3)
-    store = WeightStore(tmp_path_factory.mktemp("weights"))
-    engine = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store)
+    arts, store, engine = tiny_engine(tmp_path_factory.mktemp("weights"), max_positions=4096, seed=3,
+                                      train_size=200, eval_size=8)
     announced: dict = {"v": None}
     servicer = RolloutServicer("a", engine, arts.tokenizer, arts.fingerprint, max_context=4096,
                                announced=lambda: announced["v"],

@@ -46,6 +46,13 @@ def _wait(pred, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _wait_for_step(out: Path, service: str, step: int, what: str) -> dict:
+    """Wait until ``service``'s /healthz reports ``step`` or later; the run's services table."""
+    svcs = _services(out)
+    _wait(lambda: _health(svcs[service]["ops"]).get("step", 0) >= step, 300, what)
+    return svcs
+
+
 def _services(out: Path) -> dict:
     return _wait(lambda: json.loads((out / "services.json").read_text()) if (out / "services.json").is_file() else None,
                  300, "services.json")["services"]
@@ -102,8 +109,8 @@ def test_two_policies_three_steps_over_processes(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("phase") != "warm_start"]
-    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1,
-        5)}
+    assert {(r["policy"], r["step"]) for r in steps} == {(p, s) for p in ("llama-char", "qwen-bpe")
+                                                          for s in range(1, 5)}
     for name in ("llama-char", "qwen-bpe"):
         mine = [r for r in steps if r["policy"] == name]
         assert [r["weights_version"] for r in mine] == [1, 2, 3, 4]
@@ -123,8 +130,7 @@ def test_killed_learner_is_restarted_and_resumes_without_losing_or_double_counti
     out = tmp_path / "run"
     proc = _start(out, 6)
     try:
-        svcs = _services(out)
-        _wait(lambda: _health(svcs["llama-char.learner"]["ops"]).get("step", 0) >= 2, 300, "learner step 2")
+        _wait_for_step(out, "llama-char.learner", 2, "learner step 2")
         pid = int((out / "services" / "llama-char.learner.pid").read_text())
         os.kill(pid, signal.SIGKILL)
         output = _finish(proc)
@@ -151,8 +157,7 @@ def test_killed_rollout_server_learner_waits_its_deadline_then_the_run_completes
     out = tmp_path / "run"
     proc = _start(out, 5, "launcher.rollout_deadline_s=4")
     try:
-        svcs = _services(out)
-        _wait(lambda: _health(svcs["qwen-bpe.rollout"]["ops"]).get("step", 0) >= 2, 300, "rollout step 2")
+        _wait_for_step(out, "qwen-bpe.rollout", 2, "rollout step 2")
         os.kill(int((out / "services" / "qwen-bpe.rollout.pid").read_text()), signal.SIGKILL)
         output = _finish(proc)
     finally:
@@ -160,16 +165,15 @@ def test_killed_rollout_server_learner_waits_its_deadline_then_the_run_completes
     assert proc.returncode == 0, output[-3000:]
     assert "qwen-bpe.rollout exited with -9; restarting" in output
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {r["step"] for r in records if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start"} == set(range(1,
-        6))
+    steps = {r["step"] for r in records if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start"}
+    assert steps == set(range(1, 6))
 
 
 def test_sigterm_stops_every_service(tmp_path):
     out = tmp_path / "run"
     proc = _start(out, 50)
     try:
-        svcs = _services(out)
-        _wait(lambda: _health(svcs["llama-char.learner"]["ops"]).get("step", 0) >= 1, 300, "first step")
+        svcs = _wait_for_step(out, "llama-char.learner", 1, "first step")
         pids = [int((out / "services" / f"{n}.pid").read_text()) for n in svcs]
         proc.send_signal(signal.SIGTERM)
         _finish(proc, 60)

@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from test_services_up import _finish, _health, _ledgers, _services, _start, _wait
+from test_services_up import _finish, _ledgers, _start, _wait_for_step
 
 COLLECTIVE = "weights.transport=collective"
 
@@ -55,10 +55,9 @@ def test_a_killed_learner_and_a_killed_rollout_service_meet_again_at_the_next_ve
     out = tmp_path / "run"
     proc = _start(out, 6, COLLECTIVE, "launcher.rollout_deadline_s=20")
     try:
-        svcs = _services(out)
-        _wait(lambda: _health(svcs["llama-char.learner"]["ops"]).get("step", 0) >= 2, 300, "learner step 2")
+        _wait_for_step(out, "llama-char.learner", 2, "learner step 2")
         os.kill(int((out / "services" / "llama-char.learner.pid").read_text()), signal.SIGKILL)
-        _wait(lambda: _health(svcs["qwen-bpe.rollout"]["ops"]).get("step", 0) >= 3, 300, "qwen-bpe rollout step 3")
+        _wait_for_step(out, "qwen-bpe.rollout", 3, "qwen-bpe rollout step 3")
         os.kill(int((out / "services" / "qwen-bpe.rollout.pid").read_text()), signal.SIGKILL)
         output = _finish(proc)
     finally:

@@ -7,7 +7,7 @@ import os
 import signal
 
 import torch
-from test_services_up import _finish, _health, _ledgers, _services, _start, _wait
+from test_services_up import _finish, _ledgers, _start, _wait_for_step
 
 SHARDED = "policies.llama-char.resources.learner_gpus=2"
 
@@ -16,8 +16,7 @@ def test_a_two_rank_learner_trains_checkpoints_and_resumes_under_up(tmp_path):
     out = tmp_path / "run"
     proc = _start(out, 5, SHARDED)
     try:
-        svcs = _services(out)
-        _wait(lambda: _health(svcs["llama-char.learner"]["ops"]).get("step", 0) >= 2, 300, "learner step 2")
+        _wait_for_step(out, "llama-char.learner", 2, "learner step 2")
         assert (out / "services" / "llama-char.learner.state.r1.pt").is_file()  # rank 1 checkpoints its own shards
         os.kill(int((out / "services" / "llama-char.learner.pid").read_text()), signal.SIGKILL)
         output = _finish(proc)

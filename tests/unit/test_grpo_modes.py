@@ -10,6 +10,7 @@ import torch
 
 from mutualrl.grpo import (
     CapabilityTracker,
+    PeerGroupStats,
     cross_clip_lower,
     get_policy_loss,
     group_insert_advantages,
@@ -93,14 +94,18 @@ def _stats(samples):
     return len(samples), statistics.fmean(samples), statistics.stdev(samples) if len(samples) > 1 else 0.0
 
 
+def _peers(count, mean, std, rows=4):
+    """One peer's stats, the same for every row's prompt."""
+    return PeerGroupStats(*(torch.full((rows, 1), float(x)) for x in (count, mean, std)))
+
+
 def test_xgrpo_pooled_hand_computed():
     # own [1,0,0,0], peer [1,1,1,0]: pooled 8 samples, mean 0.5, std sqrt(8·0.25/7) = 0.534522
     # A(r=1) = 0.5/0.534522 = 0.935414; A(r=0) = -0.935414
     r = torch.tensor([1.0, 0.0, 0.0, 0.0])
     g = torch.zeros(4, dtype=torch.long)
     c, m, s = _stats([1, 1, 1, 0])
-    adv, base, scale = xgrpo_advantages(r, g, torch.full((4, 1), c), torch.full((4, 1), m), torch.full((4, 1), s),
-                                        epsilon=0.0)
+    adv, base, scale = xgrpo_advantages(r, g, _peers(c, m, s), epsilon=0.0)
     assert base.tolist() == pytest.approx([0.5] * 4)
     assert scale.tolist() == pytest.approx([0.534522] * 4, abs=1e-6)
     assert adv.tolist() == pytest.approx([0.935414, -0.935414, -0.935414, -0.935414], abs=1e-6)
@@ -110,7 +115,7 @@ def test_xgrpo_all_fail_group_gets_negative_advantage_when_peers_succeed():
     r = torch.zeros(4)
     g = torch.zeros(4, dtype=torch.long)
     c, m, s = _stats([1, 1, 0, 0])
-    adv, _, _ = xgrpo_advantages(r, g, torch.full((4, 1), c), torch.full((4, 1), m), torch.full((4, 1), s))
+    adv, _, _ = xgrpo_advantages(r, g, _peers(c, m, s))
     assert (adv < 0).all()
     assert grpo_advantages(r, g).abs().max() == 0  # GRPO gives these nothing
 
@@ -120,7 +125,7 @@ def test_xgrpo_without_peers_is_grpo():
     r = (torch.rand(24) > 0.5).float()
     g = torch.arange(24) // 8
     none = torch.zeros(24, 1)
-    adv, _, _ = xgrpo_advantages(r, g, none, none, none)
+    adv, _, _ = xgrpo_advantages(r, g, PeerGroupStats(none, none, none))
     assert torch.allclose(adv, grpo_advantages(r, g), atol=1e-6)
 
 
@@ -140,8 +145,8 @@ def test_xgrpo_loop_equals_vectorised(variant):
             s = peer_samples[int(g[i])][j]
             if s:
                 cnt[i, j], mean[i, j], std[i, j] = _stats(s)
-    adv, base, scale = xgrpo_advantages(r, g, cnt, mean, std, variant=variant,
-                                        peer_omega=omega if variant == "calibrated" else None, epsilon=1e-6)
+    adv, base, scale = xgrpo_advantages(r, g, PeerGroupStats(cnt, mean, std, omega), variant=variant,
+                                        epsilon=1e-6)
     for i in range(G * K):
         own = [float(r[k]) for k in range(G * K) if g[k] == g[i] and (variant != "leave_self_out" or k != i)]
         pool = list(own)
@@ -157,18 +162,18 @@ def test_xgrpo_loop_equals_vectorised(variant):
 
 def test_xgrpo_leave_self_out_baseline_does_not_depend_on_own_reward():
     g = torch.zeros(5, dtype=torch.long)
-    peer = (torch.full((5, 1), 8.0), torch.full((5, 1), 0.375), torch.full((5, 1), 0.5175))
+    peer = PeerGroupStats(torch.full((5, 1), 8.0), torch.full((5, 1), 0.375), torch.full((5, 1), 0.5175))
     r = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0])
-    base_a, scale_a = xgrpo_baseline(r, g, *peer, variant="leave_self_out")
+    base_a, scale_a = xgrpo_baseline(r, g, peer, variant="leave_self_out")
     for i in range(5):
         flipped = r.clone()
         flipped[i] = 1.0 - flipped[i]
-        base_b, scale_b = xgrpo_baseline(flipped, g, *peer, variant="leave_self_out")
+        base_b, scale_b = xgrpo_baseline(flipped, g, peer, variant="leave_self_out")
         assert base_b[i].item() == pytest.approx(base_a[i].item())  # row i's own baseline is unchanged
         assert scale_b[i].item() == pytest.approx(scale_a[i].item())
     # the pooled variant does depend on it (so the test above is not vacuous)
-    p_a, _ = xgrpo_baseline(r, g, *peer, variant="pooled")
-    p_b, _ = xgrpo_baseline(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0]), g, *peer, variant="pooled")
+    p_a, _ = xgrpo_baseline(r, g, peer, variant="pooled")
+    p_b, _ = xgrpo_baseline(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0]), g, peer, variant="pooled")
     assert p_a[0].item() != pytest.approx(p_b[0].item())
 
 
@@ -177,11 +182,11 @@ def test_xgrpo_bad_inputs():
     g = torch.zeros(2, dtype=torch.long)
     z = torch.zeros(2, 1)
     with pytest.raises(ValueError, match="valid: pooled, calibrated, leave_self_out"):
-        xgrpo_baseline(r, g, z, z, z, variant="mixed")
-    with pytest.raises(ValueError, match="peer_omega"):
-        xgrpo_baseline(r, g, z, z, z, variant="calibrated")
+        xgrpo_baseline(r, g, PeerGroupStats(z, z, z), variant="mixed")
+    with pytest.raises(ValueError, match="peers.omega"):
+        xgrpo_baseline(r, g, PeerGroupStats(z, z, z), variant="calibrated")
     with pytest.raises(ValueError, match=r"\[B, M\]"):
-        xgrpo_baseline(r, g, torch.zeros(3, 1), z, z)
+        xgrpo_baseline(r, g, PeerGroupStats(torch.zeros(3, 1), z, z))
 
 
 # ---------------------------------------------------------------- HACPO (§2)

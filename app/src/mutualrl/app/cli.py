@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 from rich.console import Console
@@ -24,15 +24,20 @@ out = Console()
 
 EXIT_BAD_INPUT = 2
 
+# the arguments that validate, run and up share
+ConfigFile = Annotated[Path, typer.Argument(help="Experiment YAML file.")]
+Overrides = Annotated[Optional[List[str]], typer.Option("--set", help="Override a field: key.path=value (repeatable).")]
+RunDir = Annotated[Optional[Path], typer.Option("--out", help="Output directory (default: <output_dir>/<name>).")]
+
 
 def _fail(message: str) -> "typer.Exit":
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(EXIT_BAD_INPUT)
 
 
-def _load(config: Path, overrides: List[str]):
+def _load(config: Path, overrides: Optional[List[str]]):
     try:
-        return load_config(config, overrides)
+        return load_config(config, overrides or [])
     except ConfigError as e:
         raise _fail(str(e))
 
@@ -45,10 +50,7 @@ def _print_summary(target: Path, summary: dict) -> None:
 
 
 @app.command()
-def validate(
-    config: Path = typer.Argument(..., help="Experiment YAML file."),
-    set_: List[str] = typer.Option([], "--set", help="Override a field: key.path=value (repeatable)."),
-) -> None:
+def validate(config: ConfigFile, set_: Overrides = None) -> None:
     """Check an experiment file against the schema without running it."""
     cfg = _load(config, set_)
     names = ", ".join(p.name for p in cfg.policies)
@@ -57,11 +59,7 @@ def validate(
 
 
 @app.command()
-def run(
-    config: Path = typer.Argument(..., help="Experiment YAML file."),
-    set_: List[str] = typer.Option([], "--set", help="Override a field: key.path=value (repeatable)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: <output_dir>/<name>)."),
-) -> None:
+def run(config: ConfigFile, set_: Overrides = None, out_dir: RunDir = None) -> None:
     """Run an experiment (embedded launcher: every worker in this process)."""
     cfg = _load(config, set_)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -78,11 +76,7 @@ def run(
 
 
 @app.command()
-def up(
-    config: Path = typer.Argument(..., help="Experiment YAML file."),
-    set_: List[str] = typer.Option([], "--set", help="Override a field: key.path=value (repeatable)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: <output_dir>/<name>)."),
-) -> None:
+def up(config: ConfigFile, set_: Overrides = None, out_dir: RunDir = None) -> None:
     """Run an experiment as services: Redis (unless broker.url is set) and, per policy, a rollout
     service and a learner service, each its own supervised process on loopback ports."""
     cfg = _load(config, set_)

@@ -13,7 +13,7 @@ from mutualrl.grpo.kl import KL_ESTIMATORS, kl_penalty
 from mutualrl.grpo.policy_loss import POLICY_LOSSES, PolicyLossOutput, get_policy_loss, ppo_clip_loss
 from mutualrl.grpo.prp import PRP_RATIO_LEVELS, prp_peer_loss
 from mutualrl.grpo.sgt import RescueItem, group_insert_advantages, select_rescues, sgt_nll
-from mutualrl.grpo.xgrpo import XGRPO_VARIANTS, xgrpo_advantages, xgrpo_baseline
+from mutualrl.grpo.xgrpo import XGRPO_VARIANTS, PeerGroupStats, xgrpo_advantages, xgrpo_baseline
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -44,6 +44,7 @@ __all__ = [
     "select_rescues",
     "sgt_nll",
     "XGRPO_VARIANTS",
+    "PeerGroupStats",
     "xgrpo_advantages",
     "xgrpo_baseline",
 ]

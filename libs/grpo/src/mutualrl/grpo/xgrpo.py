@@ -12,6 +12,8 @@ GRPO (§1.1): mean and unbiased (N−1) std.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from mutualrl.grpo.groups import group_index, group_sum
@@ -29,47 +31,51 @@ def _own_sums(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Ten
     return n[inverse], s1[inverse], s2[inverse]
 
 
+@dataclass(frozen=True)
+class PeerGroupStats:
+    """What M peers reported for each row's prompt (§3.3): sample count, mean and unbiased (N−1) std,
+    all [B, M] (count 0 = that peer sent nothing for it); ``omega`` [B, M], the capability ratios
+    ``ω^(n,m) = P̂_n/P̂_m`` that only the calibrated variant reads."""
+
+    count: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    omega: torch.Tensor | None = None
+
+
 def xgrpo_baseline(
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    peer_count: torch.Tensor,
-    peer_mean: torch.Tensor,
-    peer_std: torch.Tensor,
-    *,
+    rewards: torch.Tensor, group_ids: torch.Tensor, peers: PeerGroupStats, *,
     variant: str = "pooled",
     peer_weight: float = 1.0,
-    peer_omega: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Baseline ``b̃`` and scale ``σ̃`` per row (§3.3 XGRPO).
 
-    rewards [B], group_ids [B]: the learner's own rollouts.
-    peer_count/mean/std [B, M]: the stats of each of M peers for the row's prompt
-    (count 0 = that peer sent nothing for it); std is unbiased (N−1).
+    rewards [B], group_ids [B]: the learner's own rollouts; peers: the M peers' stats per row.
     variant:
       pooled          ``b̃ = (G_n μ_n + λ Σ_m G_m μ_m) / (G_n + λ Σ_m G_m)``; ``σ̃`` the std of
                       the pooled samples (each peer sample weighted λ; exact sample std at λ=1).
       calibrated      as pooled with each peer's rewards scaled by ``ω^(n,m) = P̂_n/P̂_m``
-                      (HACPO Eq. 7), so ``μ_m → ω μ_m`` and ``σ_m → ω σ_m`` (``peer_omega`` [B, M]).
+                      (HACPO Eq. 7), so ``μ_m → ω μ_m`` and ``σ_m → ω σ_m`` (``peers.omega``).
       leave_self_out  as pooled, but row i's own group excludes row i itself, so ``b̃_i`` and
                       ``σ̃_i`` do not depend on ``r_i`` (the baseline is strictly unbiased).
     A pooled set of ≤ 1 sample has baseline 0 and scale 1 (GRPO's group-of-one convention).
     """
     if variant not in XGRPO_VARIANTS:
         raise ValueError(f"unknown xgrpo variant {variant!r}; valid: {', '.join(XGRPO_VARIANTS)}")
-    if not (peer_count.shape == peer_mean.shape == peer_std.shape) or peer_count.shape[:1] != rewards.shape:
-        raise ValueError(f"peer stats must all be [B, M] with B={rewards.shape[0]}; got {tuple(peer_count.shape)}, "
-                         f"{tuple(peer_mean.shape)}, {tuple(peer_std.shape)}")
+    if not (peers.count.shape == peers.mean.shape == peers.std.shape) or peers.count.shape[:1] != rewards.shape:
+        raise ValueError(f"peer stats must all be [B, M] with B={rewards.shape[0]}; got {tuple(peers.count.shape)}, "
+                         f"{tuple(peers.mean.shape)}, {tuple(peers.std.shape)}")
     n, s1, s2 = _own_sums(rewards, group_ids)  # [B]
     if variant == "leave_self_out":
         r = rewards.double()
         n, s1, s2 = n - 1, s1 - r, s2 - r * r
-    c = peer_count.double()  # [B, M]
-    mu = peer_mean.double()
-    sd = peer_std.double()
+    c = peers.count.double()  # [B, M]
+    mu = peers.mean.double()
+    sd = peers.std.double()
     if variant == "calibrated":
-        if peer_omega is None:
-            raise ValueError("the calibrated variant needs peer_omega (capability ratios P̂_n/P̂_m)")
-        omega = peer_omega.double().expand_as(mu)
+        if peers.omega is None:
+            raise ValueError("the calibrated variant needs peers.omega (capability ratios P̂_n/P̂_m)")
+        omega = peers.omega.double().expand_as(mu)
         mu, sd = mu * omega, sd * omega
     lam = float(peer_weight)
     n_p = lam * c.sum(-1)  # [B]
@@ -86,15 +92,9 @@ def xgrpo_baseline(
 
 
 def xgrpo_advantages(
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    peer_count: torch.Tensor,
-    peer_mean: torch.Tensor,
-    peer_std: torch.Tensor,
-    *,
+    rewards: torch.Tensor, group_ids: torch.Tensor, peers: PeerGroupStats, *,
     variant: str = "pooled",
     peer_weight: float = 1.0,
-    peer_omega: torch.Tensor | None = None,
     norm_by_std: bool = True,
     epsilon: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -102,9 +102,6 @@ def xgrpo_advantages(
 
     Returns (advantages [B], baseline [B], scale [B]); see :func:`xgrpo_baseline`.
     """
-    base, scale = xgrpo_baseline(
-        rewards, group_ids, peer_count, peer_mean, peer_std, variant=variant, peer_weight=peer_weight,
-        peer_omega=peer_omega
-    )
+    base, scale = xgrpo_baseline(rewards, group_ids, peers, variant=variant, peer_weight=peer_weight)
     adv = rewards.float() - base.float()
     return (adv / (scale + epsilon) if norm_by_std else adv), base, scale

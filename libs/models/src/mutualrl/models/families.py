@@ -32,50 +32,27 @@ class ModelShape:
     max_positions: int = 128
 
 
+def _decoder_config(vocab: int, s: ModelShape, ids: dict[str, int], kv_heads: int) -> dict:
+    """The config fields Llama and Qwen2 name alike (tied embeddings: a small vocabulary's model stays small)."""
+    return dict(vocab_size=vocab, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+                num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads, num_key_value_heads=kv_heads,
+                max_position_embeddings=s.max_positions, tie_word_embeddings=True, **ids)
+
+
 def _llama(vocab: int, s: ModelShape, ids: dict[str, int]) -> PreTrainedModel:
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=s.hidden_size,
-        intermediate_size=s.intermediate_size,
-        num_hidden_layers=s.num_layers,
-        num_attention_heads=s.num_heads,
-        num_key_value_heads=s.num_heads,
-        max_position_embeddings=s.max_positions,
-        tie_word_embeddings=True,
-        **ids,
-    )
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(LlamaConfig(**_decoder_config(vocab, s, ids, kv_heads=s.num_heads)))
 
 
 def _qwen2(vocab: int, s: ModelShape, ids: dict[str, int]) -> PreTrainedModel:
-    kv = max(1, s.num_heads // 2)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=s.hidden_size,
-        intermediate_size=s.intermediate_size,
-        num_hidden_layers=s.num_layers,
-        num_attention_heads=s.num_heads,
-        num_key_value_heads=kv if s.num_heads % kv == 0 else s.num_heads,
-        max_position_embeddings=s.max_positions,
-        tie_word_embeddings=True,
-        **ids,
-    )
-    return Qwen2ForCausalLM(cfg)
+    kv = max(1, s.num_heads // 2)  # grouped-query attention, as the Qwen2 family uses
+    kv_heads = kv if s.num_heads % kv == 0 else s.num_heads
+    return Qwen2ForCausalLM(Qwen2Config(**_decoder_config(vocab, s, ids, kv_heads=kv_heads)))
 
 
 def _gpt2(vocab: int, s: ModelShape, ids: dict[str, int]) -> PreTrainedModel:
-    cfg = GPT2Config(
-        vocab_size=vocab,
-        n_embd=s.hidden_size,
-        n_layer=s.num_layers,
-        n_head=s.num_heads,
-        n_inner=s.intermediate_size,
-        n_positions=s.max_positions,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        **ids,
-    )
+    cfg = GPT2Config(vocab_size=vocab, n_embd=s.hidden_size, n_layer=s.num_layers, n_head=s.num_heads,
+                     n_inner=s.intermediate_size, n_positions=s.max_positions,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids)  # no dropout: RL wants exact log-probs
     return GPT2LMHeadModel(cfg)
 
 

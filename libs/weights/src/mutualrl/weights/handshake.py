@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -98,37 +99,36 @@ Load = Callable[[int, str, "str | None", "TensorManifest | None"], None]
 RuntimeError to refuse it: a wrong checksum, weights that do not fit, a broken broadcast)."""
 
 
+@dataclass
 class WeightsFollower:
     """The rollout side's half: load each announced version once, ask again for a missed one.
 
     ``load`` puts a version into the engine, ``served()`` is the version it serves; ``on_loaded``
     and ``on_refused`` (version, error) let the caller count and show what happened."""
 
-    def __init__(self, policy: str, exchange: ExperienceExchange, receiver: WeightReceiver, load: Load,
-                 served: Callable[[], int], *,
-                 collective: bool = False, log: logging.Logger | None = None,
-                 on_loaded: Callable[[int], None] | None = None,
-                 on_refused: Callable[[int, Exception], None] | None = None):
-        self.policy = policy
-        self.ex = exchange
-        self.receiver = receiver
-        self.load = load
-        self.served = served
-        self.collective = collective
-        self.log = log or logging.getLogger(f"mutualrl.weights.{policy}")
-        self.on_loaded = on_loaded
-        self.on_refused = on_refused
-        self.handled = 0  # the newest announced version loaded or refused
-        self.asked = 0  # the missed version asked for again
-        self._error: BaseException | None = None
+    policy: str
+    exchange: ExperienceExchange
+    receiver: WeightReceiver
+    load: Load
+    served: Callable[[], int]
+    collective: bool = field(default=False, kw_only=True)
+    log: logging.Logger | None = field(default=None, kw_only=True)
+    on_loaded: Callable[[int], None] | None = field(default=None, kw_only=True)
+    on_refused: Callable[[int, Exception], None] | None = field(default=None, kw_only=True)
+    handled: int = field(default=0, init=False)  # the newest announced version loaded or refused
+    asked: int = field(default=0, init=False)  # the missed version asked for again
+    _error: BaseException | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.log or logging.getLogger(f"mutualrl.weights.{self.policy}")
 
     def newest_announced(self) -> int:
         """The newest version this policy's learner announced (0 before any)."""
-        return newest_announced(self.ex, self.policy)
+        return newest_announced(self.exchange, self.policy)
 
     def load_newest(self) -> None:
         """Load the newest announced version, unless it was handled or is served already."""
-        wp = self.ex.last("weights_published", self.policy)
+        wp = self.exchange.last("weights_published", self.policy)
         if wp is None:
             return
         version = int(wp.payload.version)
@@ -155,7 +155,7 @@ class WeightsFollower:
         self.handled = max(self.handled, version)
 
     def _broadcast_pending(self, wp: Received) -> bool:
-        hb = self.ex.last("heartbeat", learner_stream(self.policy))
+        hb = self.exchange.last("heartbeat", learner_stream(self.policy))
         return hb is None or wp.envelope.created_unix_nanos > hb.envelope.created_unix_nanos
 
     def _ask_again(self, version: int) -> None:
@@ -164,9 +164,9 @@ class WeightsFollower:
         self.log.warning("weights version missed (broadcast before this service started): asking the learner to send "
                          "it again",
                          extra={"fields": {"version": version}})
-        own = self.ex.last("heartbeat", rollout_stream(self.policy))
+        own = self.exchange.last("heartbeat", rollout_stream(self.policy))
         step = int(own.payload.step) if own is not None else 0
-        self.ex.publish(pb.Heartbeat(role="rollout", step=step, version=self.served(), status=AWAITING_WEIGHTS),
+        self.exchange.publish(pb.Heartbeat(role="rollout", step=step, version=self.served(), status=AWAITING_WEIGHTS),
                         rollout_stream(self.policy))
         self.asked = version
 
@@ -180,7 +180,7 @@ class WeightsFollower:
         """Load every version as it is announced, on a thread of its own: a collective version must
         be taken while the learner broadcasts it. Woken by each announcement (a blocking read of
         the learner's weights stream), not by polling."""
-        announcements = self.ex.subscribe(f"{self.policy}-rollout-weights", ["weights_published"], [self.policy],
+        announcements = self.exchange.subscribe(f"{self.policy}-rollout-weights", ["weights_published"], [self.policy],
                                           consumer=f"{self.policy}-rollout")
 
         def run() -> None:

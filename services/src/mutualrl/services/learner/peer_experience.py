@@ -116,31 +116,23 @@ class IntakeResult:
         }
 
 
+@dataclass
 class PeerIntake:
     """Admits peer experience: re-verifies claimed successes, checks staleness, retokenises through THL."""
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        verifier: Verifier,
-        tokenizers: TokenizerRegistry,
-        budget: ThlBudget,
-        max_step_lag: int = 1,
-        prompt_style: PromptStyle | None = None,
-        placement: str = "spread",
-    ):
-        self.tok = tokenizer
-        self.verifier = verifier
-        self.tokenizers = tokenizers
-        self.budget = budget
-        self.max_step_lag = max_step_lag
-        self.prompt_style = prompt_style
-        self.placement = placement
-        self._prompt_cache: dict[str, list[int]] = {}
+
+    tokenizer: PreTrainedTokenizerBase
+    verifier: Verifier
+    tokenizers: TokenizerRegistry
+    budget: ThlBudget
+    max_step_lag: int = 1
+    prompt_style: PromptStyle | None = None
+    placement: str = "spread"
+    _prompt_cache: dict[str, list[int]] = field(default_factory=dict, init=False)
 
     def _prompt_ids(self, problem: Problem) -> list[int]:
         """The prompt re-rendered with the receiver's own template (THL step 1)."""
         if problem.prompt not in self._prompt_cache:
-            self._prompt_cache[problem.prompt] = encode_prompt(self.tok, problem.prompt, self.prompt_style)
+            self._prompt_cache[problem.prompt] = encode_prompt(self.tokenizer, problem.prompt, self.prompt_style)
         return self._prompt_cache[problem.prompt]
 
     def _admit(self, m: Received, step: int, problems: dict[str, Problem], out: IntakeResult) -> Problem | None:
@@ -163,7 +155,7 @@ class PeerIntake:
                  with_logprobs: bool) -> list[Converted]:
         """One batched THL conversion for messages from one source vocabulary."""
         return convert_batch(
-            source_tok, self.tok, [list(m.payload.token_ids) for m in messages],
+            source_tok, self.tokenizer, [list(m.payload.token_ids) for m in messages],
             [list(m.payload.logprobs) for m in messages] if with_logprobs else None,
             placement=self.placement, source_canonical=[_canonical_claim(m.payload) for m in messages],
             # type: ignore[arg-type]
@@ -231,7 +223,7 @@ class PeerIntake:
             convs = self._convert(src_tok, [m for m, _ in items], with_logprobs=all(lps))  # type: ignore[arg-type]
             converted += [(m, p, c) for (m, p), c in zip(items, convs)]
         for m, p in text_only:
-            converted.append((m, p, convert(None, self.tok, text=m.payload.completion_text)))
+            converted.append((m, p, convert(None, self.tokenizer, text=m.payload.completion_text)))
         for m, problem, conv in converted:
             vs = m.payload
             if not self._usable(out, conv, vs.completion_text, m.envelope.producer):
@@ -243,7 +235,7 @@ class PeerIntake:
                 RescueItem(
                     prompt_id=vs.prompt_id,
                     prompt_token_ids=self._prompt_ids(problem),
-                    token_ids=conv.target_ids + [self.tok.eos_token_id],
+                    token_ids=conv.target_ids + [self.tokenizer.eos_token_id],
                     source_policy=m.envelope.producer,
                     message_id=m.envelope.message_id,
                 )
@@ -279,7 +271,7 @@ class PeerIntake:
                 out.rescored += 1  # the row is used with our score: re-scored, not rejected
                 out.failures[m.envelope.producer] += 1  # ... but a wrong claim counts against the peer
             by_source[r.tokenizer_fingerprint].append((m, problem, score))
-        eos = self.tok.eos_token_id
+        eos = self.tokenizer.eos_token_id
         for fp, items in by_source.items():
             src_tok = self.tokenizers.get(fp)
             assert src_tok is not None

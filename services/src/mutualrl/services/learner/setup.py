@@ -42,8 +42,8 @@ def make_learner(
     )
     peers = [q.name for q in cfg.policies if q.name != p.name]
     settings = LearnerSettings(
-        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing, optim=learner_optim(cfg,
-            p.optim, len(peers)),
+        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing,
+        optim=learner_optim(cfg, p.optim, len(peers)),
         max_new_tokens=cfg.budget.max_new_tokens, device=device or p.engine.device, peer_deadline_s=peer_deadline_s,
     )
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,

@@ -39,34 +39,22 @@ class StepRollouts:
         return sum(len(rs) for rs in self.rewards.values())
 
 
+@dataclass
 class RolloutWorker:
     """One per policy. Publishes, per step: a ``Rollout`` per completion, an
     ``AdvantageStats`` per prompt, and a ``VerifiedSuccess`` per distinct
     verified-correct completion (what SGT peers consume)."""
 
-    def __init__(
-        self,
-        policy: str,
-        engine: RolloutEngine,
-        tokenizer: PreTrainedTokenizerBase,
-        verifier: Verifier,
-        exchange: ExperienceExchange,
-        *,
-        fingerprint: str,
-        sampling: SamplingSpec,
-        seed: int = 0,
-        prompt_style: PromptStyle | None = None,
-    ):
-        self.policy = policy
-        self.engine = engine
-        self.tok = tokenizer
-        self.verifier = verifier
-        self.ex = exchange
-        self.fingerprint = fingerprint
-        self.sampling = sampling
-        self.seed = seed
-        self.prompt_style = prompt_style
-        self.total_rollouts = 0
+    policy: str
+    engine: RolloutEngine
+    tokenizer: PreTrainedTokenizerBase
+    verifier: Verifier
+    exchange: ExperienceExchange
+    fingerprint: str = field(kw_only=True)
+    sampling: SamplingSpec = field(kw_only=True)
+    seed: int = field(default=0, kw_only=True)
+    prompt_style: PromptStyle | None = field(default=None, kw_only=True)
+    total_rollouts: int = field(default=0, init=False)
 
     def _spec(self, step: int) -> SamplingSpec:
         # A distinct, reproducible stream per (run seed, policy, step).
@@ -76,14 +64,14 @@ class RolloutWorker:
     def run_step(self, step: int, problems: list[Problem]) -> StepRollouts:
         """Sample G completions per prompt, score them and publish the step's experience on SEE."""
         version = self.engine.info().weights_version
-        prompt_ids = [encode_prompt(self.tok, p.prompt, self.prompt_style) for p in problems]
+        prompt_ids = [encode_prompt(self.tokenizer, p.prompt, self.prompt_style) for p in problems]
         t0 = time.monotonic()
         groups = self.engine.generate(prompt_ids, self._spec(step))
         result = StepRollouts(step, generate_s=time.monotonic() - t0)
         result.tokens = sum(len(s.token_ids) for group in groups for s in group)
         G = self.sampling.n
         flat = [s for group in groups for s in group]
-        all_texts = self.tok.batch_decode([s.token_ids for s in flat], skip_special_tokens=True,
+        all_texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True,
                                           clean_up_tokenization_spaces=False)
         all_canonical = self._canonical(flat, all_texts)
         offset = 0
@@ -95,58 +83,31 @@ class RolloutWorker:
             result.rewards[problem.prompt_id] = rewards
             seen_success: set[str] = set()
             for i, (s, text, r, canon) in enumerate(zip(group, texts, rewards, canonical)):
-                mid = self.ex.publish(
-                    pb.Rollout(
-                        prompt_id=problem.prompt_id,
-                        prompt_text=problem.prompt,
-                        completion_text=text,
-                        prompt_token_ids=p_ids,
-                        token_ids=s.token_ids,
-                        logprobs=s.logprobs,
-                        reward=r,
-                        verified=True,
-                        finish_reason=s.finish_reason,
-                        step=step,
-                        sample_index=i,
-                        group_size=G,
-                        tokenizer_fingerprint=self.fingerprint,
-                        canonical=canon,
-                    ),
-                    self.policy,
-                    version,
-                )
+                # the fields a Rollout and a VerifiedSuccess share, named as on the wire
+                common = dict(prompt_id=problem.prompt_id, prompt_text=problem.prompt, completion_text=text,
+                              token_ids=s.token_ids, logprobs=s.logprobs, reward=r, step=step,
+                              tokenizer_fingerprint=self.fingerprint, canonical=canon)
+                rollout = pb.Rollout(**common, prompt_token_ids=p_ids, verified=True, finish_reason=s.finish_reason,
+                                     sample_index=i, group_size=G)
+                mid = self.exchange.publish(rollout, self.policy, version)
                 result.published += 1
                 if mid:
                     result.message_ids.append(mid)
                 if r > 0 and text not in seen_success:
                     seen_success.add(text)
-                    self.ex.publish(
-                        pb.VerifiedSuccess(
-                            prompt_id=problem.prompt_id,
-                            prompt_text=problem.prompt,
-                            completion_text=text,
-                            token_ids=s.token_ids,
-                            logprobs=s.logprobs,
-                            reward=r,
-                            verifier=self.verifier.name,
-                            verifier_version=self.verifier.version,
-                            step=step,
-                            tokenizer_fingerprint=self.fingerprint,
-                            canonical=canon,
-                        ),
-                        self.policy,
-                        version,
-                    )
+                    success = pb.VerifiedSuccess(**common, verifier=self.verifier.name,
+                                                 verifier_version=self.verifier.version)
+                    self.exchange.publish(success, self.policy, version)
                     result.successes_published += 1
-            self.ex.publish(_advantage_stats(problem.prompt_id, step, rewards), self.policy, version)
+            self.exchange.publish(_advantage_stats(problem.prompt_id, step, rewards), self.policy, version)
         self.total_rollouts += result.count
         return result
 
     def _canonical(self, samples: list, texts: list[str]) -> list[bool]:
         """Whether each sampled path is the canonical encoding of its text: computed once here, in
         one batch for the step, rather than by every receiver's THL (docs/algorithms.md §3.2)."""
-        eos = self.tok.eos_token_id
-        fresh = self.tok(texts, add_special_tokens=False)["input_ids"]
+        eos = self.tokenizer.eos_token_id
+        fresh = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         sampled = [list(s.token_ids[:-1]) if s.token_ids and s.token_ids[-1] == eos else list(s.token_ids)
                    for s in samples]
         return [f == s for f, s in zip(fresh, sampled)]

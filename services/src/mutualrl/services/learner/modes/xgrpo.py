@@ -7,7 +7,7 @@ import torch
 from typing_extensions import override
 
 from mutualrl.config import SharingConfig
-from mutualrl.grpo import RescueItem, xgrpo_advantages
+from mutualrl.grpo import PeerGroupStats, RescueItem, xgrpo_advantages
 from mutualrl.services.learner.modes.base import SharingMode, group_ids, register_mode
 from mutualrl.services.learner.objective import Rows, StepAdvantages
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerStats
@@ -69,10 +69,8 @@ class CrossGroupAdvantages(SharingMode):
             for p, j in col.items():
                 omega[j] = self.tracker.ratio(self.policy, p)  # ω^(n,m) = P̂_n / P̂_m
         x = self.sh.xgrpo
-        adv, base, _ = xgrpo_advantages(
-            rewards, groups, count[groups], mean[groups], std[groups], variant=x.variant, peer_weight=x.peer_weight,
-            peer_omega=omega.expand(len(rows), M) if x.variant == "calibrated" else None,
-            norm_by_std=self.a.norm_adv_by_std, epsilon=self.a.epsilon,
-        )
+        peer_stats = PeerGroupStats(count[groups], mean[groups], std[groups], omega.expand(len(rows), M))  # [B, M]
+        adv, base, _ = xgrpo_advantages(rewards, groups, peer_stats, variant=x.variant, peer_weight=x.peer_weight,
+                                        norm_by_std=self.a.norm_adv_by_std, epsilon=self.a.epsilon)
         return StepAdvantages(adv, torch.ones(len(rows)),
                               {"xgrpo_baseline_mean": float(base.mean()) if len(rows) else 0.0})
