@@ -34,14 +34,15 @@ def without_timing(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
 
-def run(name: str, out: Path) -> list[dict]:
-    """One golden run through the CLI entry point (in this process); its metrics without timings."""
+def run(name: str, out: Path, extra: tuple[str, ...] = ()) -> list[dict]:
+    """One golden run through the CLI entry point (in this process), with ``extra`` overrides; its metrics
+    without timings."""
     from typer.testing import CliRunner
 
     from mutualrl.app.cli import app
 
     args = ["run", str(ROOT / "examples" / "demo.yaml"), "--out", str(out)]
-    for s in SMALL + RUNS[name]:
+    for s in SMALL + RUNS[name] + list(extra):
         args += ["--set", s]
     result = CliRunner().invoke(app, args)
     if result.exit_code != 0:

@@ -9,13 +9,17 @@ import json
 import pytest
 from golden_runs import GOLDEN, RUNS, machine, run
 
+# async.max_staleness 0 with lockstep peers, said explicitly, is the synchronous run the golden files recorded
+EXPLICIT_SYNC = ("async.max_staleness=0", "async.peers=lockstep")
 
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_fixed_seed_run_reproduces_its_recorded_metrics(name, tmp_path):
+
+@pytest.mark.parametrize("name, extra", [(n, ()) for n in sorted(RUNS)] + [("embedded-sgt", EXPLICIT_SYNC)],
+                         ids=[*sorted(RUNS), "embedded-sgt-async-0-lockstep"])
+def test_fixed_seed_run_reproduces_its_recorded_metrics(name, extra, tmp_path):
     golden = json.loads((GOLDEN / f"{name}.json").read_text())
     if golden["machine"] != machine():
         pytest.skip(f"recorded on {golden['machine']}, this machine is {machine()}")
-    records = run(name, tmp_path / name)
+    records = run(name, tmp_path / name, extra)
     assert len(records) == len(golden["records"])
     for got, want in zip(records, golden["records"]):
         assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}

@@ -106,26 +106,38 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
     return runtimes
 
 
+def _sample_ahead(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor, step: int,
+                  sampled: dict[int, dict[str, dict]]) -> None:
+    """Sample every step up to ``step + async.max_staleness`` not sampled yet (docs/algorithms.md §6): with k = 0
+    only ``step``, with the previous step's weights; with k > 0 the rollouts of step s are sampled with the
+    weights of step s−1−k — the lag a pipelined service reaches once generation and training overlap."""
+    last = min(step + cfg.async_.max_staleness, cfg.budget.steps)
+    for s in range(max(sampled, default=0) + 1, last + 1):
+        problems = distributor.batch(s)
+        sampled[s] = {}
+        for rt in runtimes:
+            t0 = time.monotonic()
+            roll = rt.worker.run_step(s, problems)
+            sampled[s][rt.name] = {"rollouts": rt.worker.total_rollouts, "shared_out": roll.successes_published,
+                                   "gen_s": time.monotonic() - t0}
+
+
 def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor,
            followers: dict[str, WeightsFollower],
            writer: MetricsWriter, rep: Reporter) -> dict[str, float]:
-    """The RL steps: every policy samples the step's prompts, then each learner's loop trains on
-    them and the rollout side loads the new weights. Returns each policy's last held-out accuracy."""
+    """The RL steps: every policy samples the step's prompts (and, pipelined, the next k steps'), then each
+    learner's loop trains on them and the rollout side loads the new weights. Returns each policy's last
+    held-out accuracy."""
     rep.phase("training")
     recent: list[dict] = []
     last_eval: dict[str, float] = {rt.name: rt.warm_accuracy for rt in runtimes}
+    sampled: dict[int, dict[str, dict]] = {}  # step -> policy -> what its rollout side measured
     for step in range(1, cfg.budget.steps + 1):
+        _sample_ahead(cfg, runtimes, distributor, step, sampled)
         problems = distributor.batch(step)
-        gen = {}
-        for rt in runtimes:
-            t0 = time.monotonic()
-            gen[rt.name] = (rt.worker.run_step(step, problems), time.monotonic() - t0)
         recent = []
         for rt in runtimes:
-            roll, gen_s = gen[rt.name]
-            rec = rt.loop.step(step, problems,
-                               {"rollouts": rt.worker.total_rollouts, "shared_out": roll.successes_published,
-                                "gen_s": gen_s}).record
+            rec = rt.loop.step(step, problems, sampled[step][rt.name]).record
             followers[rt.name].load_newest()
             if "eval_accuracy" in rec:
                 last_eval[rt.name] = rec["eval_accuracy"]
@@ -173,6 +185,8 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     followers = {rt.name: WeightsFollower(rt.name, exchange, store, rt.engine.update_weights,
                                           lambda e=rt.engine: e.info().weights_version,
                                           on_refused=_refused(rt.name)) for rt in runtimes}
+    for rt in runtimes:
+        rt.worker.weights_step = followers[rt.name].served_step
     distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
     for rt in runtimes:
         writer.write({"step": 0, "policy": rt.name, "rollouts": 0, "eval_accuracy": rt.warm_accuracy,

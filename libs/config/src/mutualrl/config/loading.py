@@ -127,4 +127,4 @@ def parse_config(text: str, source: str = "<config>", overrides: list[str] | Non
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
     """Write the fully resolved config (defaults included) so a run can be reproduced from it."""
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False), encoding="utf-8")

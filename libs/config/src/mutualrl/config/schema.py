@@ -389,6 +389,24 @@ class SharingConfig(_Strict):
     max_version_lag: int = Field(1, ge=0, description="Δ_max: ignore peer experience older than this many steps.")
 
 
+class AsyncConfig(_Strict):
+    """Asynchronous training (docs/algorithms.md §6): how far sampling may run ahead of training, and
+    whether learners wait for their peers."""
+    max_staleness: int = Field(0, ge=0, le=64, description="k: step t may be sampled with any weights version "
+                               ">= t-1-k, so generation overlaps training (0 = strictly alternating).")
+    peers: Literal["lockstep", "bounded"] = Field(
+        "lockstep", description="lockstep: a learner waits (up to launcher.peer_deadline_s) for its peers to sample "
+                                "the step; bounded: it never waits and uses the peer experience within "
+                                "sharing.max_version_lag of its own step.")
+    is_cap: float = Field(2.0, gt=1.0, description="Truncation of the decoupled objective's behaviour weight "
+                                                   "pi_prox/pi_behaviour (used when max_staleness > 0).")
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether rollouts may be sampled with weights older than the previous step's."""
+        return self.max_staleness > 0
+
+
 class ThlConfig(_Strict):
     """How peer text is retokenised and when a converted message is rejected (docs/algorithms.md §3.2)."""
     max_unaligned: float = Field(0.02, ge=0, le=1, description="Reject converted messages whose unaligned-byte "
@@ -547,6 +565,7 @@ class MwraConfig(_Strict):
 
 class ExperimentConfig(_Strict):
     """A whole experiment file: what `mutualrl validate`, `run`, `up` and the controller read."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = Field(0, description="Seed of the RL run: prompt order, sampling, update order.")
     base_seed: Optional[int] = Field(
@@ -558,6 +577,8 @@ class ExperimentConfig(_Strict):
     task: TaskConfig = Field(default_factory=TaskConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     sharing: SharingConfig = Field(default_factory=SharingConfig)
+    # `async` is a Python keyword: the file says `async:`, the code `cfg.async_`
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     thl: ThlConfig = Field(default_factory=ThlConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

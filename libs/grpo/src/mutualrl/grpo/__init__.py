@@ -7,6 +7,12 @@ Every function cites the formula it implements in ``docs/algorithms.md``
 
 from mutualrl.grpo.advantages import ADVANTAGE_ESTIMATORS, get_advantage_estimator, group_stats, grpo_advantages
 from mutualrl.grpo.aggregation import LOSS_AGG_MODES, agg_loss
+from mutualrl.grpo.decoupled import (
+    SEQUENCE_LEVEL_LOSSES,
+    behaviour_weights,
+    decoupled_policy_loss,
+    sequence_behaviour_weights,
+)
 from mutualrl.grpo.gspo import gspo_loss, gspo_token_loss, sequence_mean, sequence_ratio
 from mutualrl.grpo.hacpo import CAPABILITY_METRICS, CapabilityTracker, cross_clip_lower, hacpo_advantages, hacpo_loss
 from mutualrl.grpo.kl import KL_ESTIMATORS, kl_penalty
@@ -20,6 +26,10 @@ __all__ = [
     "get_advantage_estimator",
     "grpo_advantages",
     "group_stats",
+    "SEQUENCE_LEVEL_LOSSES",
+    "behaviour_weights",
+    "decoupled_policy_loss",
+    "sequence_behaviour_weights",
     "LOSS_AGG_MODES",
     "agg_loss",
     "gspo_loss",

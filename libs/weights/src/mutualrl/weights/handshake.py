@@ -118,6 +118,7 @@ class WeightsFollower:
     handled: int = field(default=0, init=False)  # the newest announced version loaded or refused
     asked: int = field(default=0, init=False)  # the missed version asked for again
     _error: BaseException | None = field(default=None, init=False)
+    _steps: dict[int, int] = field(default_factory=dict, init=False)  # version loaded -> the step it was published at
 
     def __post_init__(self) -> None:
         self.log = self.log or logging.getLogger(f"mutualrl.weights.{self.policy}")
@@ -148,6 +149,7 @@ class WeightsFollower:
                 if self.on_refused is not None:
                     self.on_refused(version, e)
         else:
+            self._steps[version] = int(wp.payload.step)
             self.receiver.acknowledge(self.policy, version)
             self.log.info("weights loaded", extra={"fields": {"version": version}})
             if self.on_loaded is not None:
@@ -169,6 +171,15 @@ class WeightsFollower:
         self.exchange.publish(pb.Heartbeat(role="rollout", step=step, version=self.served(), status=AWAITING_WEIGHTS),
                         rollout_stream(self.policy))
         self.asked = version
+
+    def served_step(self) -> int:
+        """The learner step whose weights the engine serves (0: the starting weights, or a version this follower
+        never saw announced)."""
+        version = self.served()
+        if version in self._steps:
+            return self._steps[version]
+        wp = self.exchange.last("weights_published", self.policy)
+        return int(wp.payload.step) if wp is not None and int(wp.payload.version) == version else 0
 
     def caught_up(self) -> bool:
         """Whether the newest announced version is loaded (or was refused). Raises when the

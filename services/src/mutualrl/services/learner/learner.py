@@ -10,17 +10,18 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.config import AlgorithmConfig, SharingConfig
-from mutualrl.config.schema import OptimConfig
+from mutualrl.config.schema import AsyncConfig, OptimConfig
 from mutualrl.models.generation import sequence_logprobs
 from mutualrl.models.host import read_scalars
 from mutualrl.models.sharding import full_state_dict, full_value
 from mutualrl.models.sharding import rank as shard_rank
+from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.modes import make_mode, record_keys
 from mutualrl.services.learner.objective import OWN, PEER, LossInputs, Rows, right_aligned
@@ -65,6 +66,7 @@ class LearnerSettings:
     max_new_tokens: int = 8
     device: str = "cpu"
     peer_deadline_s: float = 30.0  # how long to wait for own experience before training on what arrived
+    staleness: AsyncConfig = field(default_factory=AsyncConfig)  # pipelined sampling: the decoupled objective (§6)
 
 
 class Learner:
@@ -99,9 +101,11 @@ class Learner:
                                      weight_decay=settings.optim.weight_decay, fused=True)
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
         self.own_intake = OwnIntake(policy, self.own, tokenizer, _context_limit(self.model.config),
-                                    self.model.get_input_embeddings().num_embeddings)
+                                    self.model.get_input_embeddings().num_embeddings,
+                                    max_lag=settings.staleness.max_staleness if settings.staleness.pipelined else None)
         # what to read from peers, how to use it
         self.mode = make_mode(policy, settings.algorithm, settings.sharing, settings.max_new_tokens)
+        self.mode.is_cap = settings.staleness.is_cap
         kinds = list(self.mode.peer_kinds)
         self.peer_sub = exchange.subscribe(policy, kinds, peers,
                                            consumer=f"{policy}-learner") if kinds and peers else None
@@ -248,7 +252,8 @@ class Learner:
         by_id = {p.prompt_id: p for p in problems}
         own = self.own_intake.collect(step, expected, t0 + self.s.peer_deadline_s, by_id, self.totals,
                                       lambda got: self._not_consumed(got, self.own), while_waiting)
-        stages = {"wait": time.monotonic() - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
+        t_ready = time.monotonic()
+        stages = {"wait": t_ready - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
         own = self.own_intake.rescore(own, by_id, self.intake.verifier, self.totals)
         if not own:
             return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
@@ -271,6 +276,8 @@ class Learner:
         self.intake.rollouts(by_kind.get("rollout", []), step, by_id, intake)
         self.intake.advantage_stats(by_kind.get("advantage_stats", []), step, by_id, intake)
         self._apply_reputation(step, intake)
+        if self.s.staleness.pipelined or self.s.staleness.peers == "bounded":
+            metrics.update(self._staleness(step, own, intake))
         self._add_peer_rows(rows, intake, metrics)  # none unless the mode reads peer rollouts
         self.mode.observe([float(r.payload.reward) for r in own], intake)  # once per step, before the update (§2.2)
 
@@ -290,10 +297,36 @@ class Learner:
                           "peer": [r.envelope.message_id for r in intake.used]}
         if commit:
             self.commit()
+        pace("train", self.policy, t_ready)  # benchmarks of the schedule only (MUTUALRL_PACE)
         t_sync = time.monotonic()
         self.publish_weights(step)
         stages["weight_sync"] = time.monotonic() - t_sync
         return self._record(step, rows, own, intake, rescues, gate_open, metrics, update, stages, t0)
+
+    def _staleness(self, step: int, own: list[Received], intake: IntakeResult) -> dict:
+        """Asynchronous runs' record fields: how many steps behind the learner's weights (those of step t−1) the
+        step's own rollouts were sampled, how many the intake refused so far as older than ``async.max_staleness``,
+        and the largest step lag of the peer experience admitted (never above ``sharing.max_version_lag``; None
+        when none)."""
+        lags = [step - 1 - int(r.payload.weights_step) for r in own]
+        return {"staleness_mean": sum(lags) / len(lags), "staleness_max": max(lags),
+                "own_too_stale": self.totals["own_rejected:too_stale"],
+                "peer_step_lag_max": max(intake.step_lags, default=None)}
+
+    def _proximal_logprobs(self, rows: Rows, chunks: list[slice], stages: dict) -> list[torch.Tensor | None]:
+        """π_prox of the decoupled objective (§6): each mini-batch's log-probs under the weights the step starts
+        with, computed before the first update (no gradient). None per mini-batch when sampling is not pipelined."""
+        if not self.s.staleness.pipelined:
+            return [None] * len(chunks)
+        t0 = time.monotonic()
+        out = []
+        with torch.no_grad():
+            for sl in chunks:
+                logp, _ = sequence_logprobs(self.model, rows.prompt_token_ids[sl], rows.token_ids[sl],
+                                            pad_id=self.tok.pad_token_id)  # [b, T]
+                out.append(logp)
+        stages["logprob"] += time.monotonic() - t0
+        return out
 
     def apply_update(self, inputs: StepInputs, stages: dict) -> UpdateResult:
         """The optimiser steps of one step, one per mini-batch, from inputs a single rank gathered:
@@ -317,6 +350,7 @@ class Learner:
         grad_norms: list[torch.Tensor] = []
         skipped: list[torch.Tensor] = []
         chunks = self.mode.minibatches(rows, a.minibatch_rows)
+        proximal = self._proximal_logprobs(rows, chunks, stages)
         for m, sl in enumerate(chunks):
             prompts, completions = rows.prompt_token_ids[sl], rows.token_ids[sl]
             logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad)  # [b, T]
@@ -338,6 +372,7 @@ class Learner:
                 omega=inputs.omega[sl].to(dev),
                 minibatch_index=m,
                 ref_logp=ref_logp,
+                prox_logp=proximal[m],
             ))
             loss = out.loss
             mb_metrics = dict(out.metrics)

@@ -87,6 +87,8 @@ class LossInputs:
     omega: torch.Tensor  # [b] HACPO's ω (1 on own rows and in other modes)
     minibatch_index: int  # HACPO's stepwise clipping grows with it; SGT's NLL joins mini-batch 0
     ref_logp: torch.Tensor | None = None  # [b, T] the reference model's log-probs when a KL term is on
+    # [b, T] π_prox: the learner's log-probs at the start of the step, when sampling is pipelined (§6)
+    prox_logp: torch.Tensor | None = None
 
 
 def right_aligned(rows: list[list[float]], T: int) -> torch.Tensor:

@@ -21,12 +21,15 @@ class OwnIntake:
     counted in the learner's ``totals`` under ``own_*``."""
 
     def __init__(self, policy: str, subscription, tokenizer: PreTrainedTokenizerBase, context_limit: int,
-                 vocab_size: int):
+                 vocab_size: int, *, max_lag: int | None = None):
         self.policy = policy
         self.sub = subscription
         self.tok = tokenizer
         self.context_limit = context_limit
         self.vocab_size = vocab_size
+        # pipelined sampling (docs/algorithms.md §6): a rollout of step t sampled with the weights of a step before
+        # t−1−max_lag is refused (``too_stale``); None checks nothing (sampling waits for each version)
+        self.max_lag = max_lag
         self.buffer: list[Received] = []  # own rollouts of future steps
 
     def collect(self, step: int, expected: int, deadline: float, problems: dict[str, Problem], totals: Counter,
@@ -43,7 +46,7 @@ class OwnIntake:
         def admit(rows: list[Received]) -> None:
             refused, copies = [], []
             for r in rows:
-                reason = self.problem(r.payload, problems)
+                reason = self.problem(r.payload, problems) or self._too_stale(r.payload, step)
                 key = (r.payload.prompt_id, r.payload.sample_index)
                 if reason is not None:
                     refused.append(r)
@@ -80,6 +83,13 @@ class OwnIntake:
         if stale:
             self.sub.ack(stale)
             totals["own_stale"] += len(stale)
+
+    def _too_stale(self, p, step: int) -> str | None:
+        """``too_stale`` when the rollout's weights are more than ``max_lag`` steps behind the learner's (which
+        starts step t with the weights of step t−1)."""
+        if self.max_lag is not None and step - 1 - int(p.weights_step) > self.max_lag:
+            return "too_stale"
+        return None
 
     def problem(self, p, problems: dict[str, Problem]) -> str | None:
         """Why an own rollout cannot be used (None when it can): it must answer one of this

@@ -94,6 +94,7 @@ class IntakeResult:
     claims: Counter = field(default_factory=Counter)  # producer -> checked claims this step (for reputation)
     failures: Counter = field(default_factory=Counter)  # producer -> claims that failed a check
     used: list[Received] = field(default_factory=list)  # everything consumed (accepted or rejected), to ack
+    step_lags: list[int] = field(default_factory=list)  # own step − the message's step, of every one admitted
 
     def residual_summary(self) -> dict[str, float]:
         """The step's THL residuals: means over the converted messages, for the record."""
@@ -149,6 +150,7 @@ class PeerIntake:
         if hasattr(p, "prompt_text") and problem.prompt != p.prompt_text:
             out.rejected["prompt_mismatch"] += 1
             return None
+        out.step_lags.append(step - p.step)
         return problem
 
     def _convert(self, source_tok: PreTrainedTokenizerBase, messages: list[Received],

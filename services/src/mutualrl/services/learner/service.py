@@ -1,7 +1,8 @@
 """The learner service of one policy: drives its :class:`~mutualrl.services.learner.loop.LearnerLoop`
 (train, evaluate, checkpoint, acknowledge: exactly once across restarts), writes the durable
 records, heartbeats, answers a rollout service that asks for the weights again and serves its
-metrics. Peers are waited for at most ``launcher.peer_deadline_s`` per step.
+metrics. Under ``async.peers: lockstep`` peers are waited for at most ``launcher.peer_deadline_s`` per
+step; under ``bounded`` never (their experience is used when it is within ``sharing.max_version_lag``).
 
 A resumed learner re-announces its checkpointed step (rollout servers wait on it) and continues
 weights versions after the newest it announced.
@@ -126,9 +127,10 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
             if stop.is_set():
                 break
             problems = distributor.batch(step)
-            # peers finish the same step within the deadline, or we go on without them
-            ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers), cfg.launcher.peer_deadline_s,
-                         stop)
+            if cfg.async_.peers == "lockstep":  # peers sample the same step within the deadline, or we go on
+                ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers),
+                             cfg.launcher.peer_deadline_s, stop)
+            # bounded: never wait; the peer intake takes what is within sharing.max_version_lag of this step
             out = loop.step(step, problems, while_waiting=resend_if_asked if collective else None)
             rec = out.record
             if out.durable:

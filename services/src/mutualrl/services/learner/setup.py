@@ -45,6 +45,7 @@ def make_learner(
         group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing,
         optim=learner_optim(cfg, p.optim, len(peers)),
         max_new_tokens=cfg.budget.max_new_tokens, device=device or p.engine.device, peer_deadline_s=peer_deadline_s,
+        staleness=cfg.async_,
     )
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
                    ref_model=ref)

@@ -1,9 +1,11 @@
 """The rollout service of one policy: a gRPC RolloutService plus the worker loop that samples
 each step's prompts, verifies them and publishes experience through SEE.
 
-Bounded staleness: step t is sampled only once the learner announced step t−1 and the
-newest weights version it published is loaded (the engine serves nothing for a version
-it has not finished loading). After a restart it resumes at the learner's next step; with the
+Bounded staleness (docs/algorithms.md §6): step t is sampled only once the learner announced
+step t−1−k (``async.max_staleness: k``; k = 0 alternates strictly) and the newest weights version
+it published is loaded (the engine serves nothing for a version it has not finished loading), so
+with k > 0 the next steps are sampled while the learner trains. After a restart it resumes at the
+learner's next step, or past the last step its ledger recorded when sampling runs ahead; with the
 collective transport, a version broadcast before it rejoined is asked for again (an
 ``awaiting_weights`` heartbeat) rather than sampled past.
 """
@@ -33,6 +35,19 @@ def _tls(launcher) -> tuple[bytes, bytes] | None:
     if launcher.grpc_tls_cert and launcher.grpc_tls_key:
         return Path(launcher.grpc_tls_cert).read_bytes(), Path(launcher.grpc_tls_key).read_bytes()
     return None
+
+
+def _resume_step(learner_step: int, ledger: Path, pipelined: bool) -> int:
+    """The step to sample first: the learner's next one; when sampling runs ahead of training, past the last step
+    this service's ledger says it published (those rollouts wait in the stream for the learner)."""
+    step = learner_step + 1
+    if pipelined and ledger.is_file():
+        for line in ledger.read_text().splitlines():
+            try:
+                step = max(step, int(json.loads(line)["step"]) + 1)
+            except (ValueError, KeyError, TypeError):  # a line torn by a crash mid-write: that step is sampled again
+                continue
+    return step
 
 
 def run_rollout_service(args: ServiceArgs) -> int:
@@ -79,18 +94,22 @@ def run_rollout_service(args: ServiceArgs) -> int:
     ops = OpsServer(registry, health, cfg.launcher.host, args.ops_port).start()
     worker = make_worker(cfg, pp, engine, ctx.exchange, ctx.verifier)
     distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
-    ledger = (ctx.state_dir / f"{p.name}.rollout.ledger.jsonl").open("a")
-    step = ctx.last_step("learner") + 1
+    ledger_path = ctx.state_dir / f"{p.name}.rollout.ledger.jsonl"
+    step = _resume_step(ctx.last_step("learner"), ledger_path, cfg.async_.pipelined)
+    ledger = ledger_path.open("a")
+    ahead = cfg.async_.max_staleness
     log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step}})
     follower = WeightsFollower(p.name, ctx.exchange, store, engine.update_weights,
                                lambda: engine.info().weights_version, collective=collective,
                                log=log, on_loaded=lambda v: servicer.metrics.version.labels(p.name, "rollout").set(v),
                                on_refused=lambda v, e: metrics.refused.labels(p.name).inc())
+    worker.weights_step = follower.served_step
     follower.follow(stop)
     try:
         while step <= cfg.budget.steps and not stop.is_set():
-            # bounded staleness: the learner finished step t-1 and its newest version is served
-            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 and follower.caught_up(), 3600, stop):
+            # bounded staleness: the learner finished step t-1-k and its newest version is served
+            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 - ahead and follower.caught_up(), 3600,
+                                stop):
                 break
             # crash tests: the weights are loaded, nothing sampled
             fault_point("rollout_before_sample", step, ctx.state_dir, p.name)

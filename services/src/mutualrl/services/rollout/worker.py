@@ -6,10 +6,12 @@ import statistics
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 from transformers import PreTrainedTokenizerBase
 
 from mutualrl.models.policy import PromptStyle, encode_prompt
+from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.rollout.engine import RolloutEngine, SamplingSpec
 from mutualrl.tasks import Problem, Verifier
@@ -55,6 +57,8 @@ class RolloutWorker:
     seed: int = field(default=0, kw_only=True)
     prompt_style: PromptStyle | None = field(default=None, kw_only=True)
     total_rollouts: int = field(default=0, init=False)
+    # the learner step of the weights the engine serves (a WeightsFollower's served_step): each Rollout says it
+    weights_step: Callable[[], int] = field(default=lambda: 0, kw_only=True)
 
     def _spec(self, step: int) -> SamplingSpec:
         # A distinct, reproducible stream per (run seed, policy, step).
@@ -63,10 +67,11 @@ class RolloutWorker:
 
     def run_step(self, step: int, problems: list[Problem]) -> StepRollouts:
         """Sample G completions per prompt, score them and publish the step's experience on SEE."""
-        version = self.engine.info().weights_version
+        version, weights_step = self.engine.info().weights_version, self.weights_step()
         prompt_ids = [encode_prompt(self.tokenizer, p.prompt, self.prompt_style) for p in problems]
         t0 = time.monotonic()
         groups = self.engine.generate(prompt_ids, self._spec(step))
+        pace("generate", self.policy, t0)  # benchmarks of the schedule only (MUTUALRL_PACE)
         result = StepRollouts(step, generate_s=time.monotonic() - t0)
         result.tokens = sum(len(s.token_ids) for group in groups for s in group)
         G = self.sampling.n
@@ -88,7 +93,7 @@ class RolloutWorker:
                               token_ids=s.token_ids, logprobs=s.logprobs, reward=r, step=step,
                               tokenizer_fingerprint=self.fingerprint, canonical=canon)
                 rollout = pb.Rollout(**common, prompt_token_ids=p_ids, verified=True, finish_reason=s.finish_reason,
-                                     sample_index=i, group_size=G)
+                                     sample_index=i, group_size=G, weights_step=weights_step)
                 mid = self.exchange.publish(rollout, self.policy, version)
                 result.published += 1
                 if mid:

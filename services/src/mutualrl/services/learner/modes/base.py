@@ -17,10 +17,12 @@ import torch
 from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import OptimConfig
 from mutualrl.grpo import (
+    SEQUENCE_LEVEL_LOSSES,
     CapabilityTracker,
     PolicyLossOutput,
     RescueItem,
     agg_loss,
+    decoupled_policy_loss,
     get_policy_loss,
     grpo_advantages,
     kl_penalty,
@@ -74,7 +76,9 @@ class SharingMode:
         self.norm_len = algorithm.loss_scale_factor or max_new_tokens
         self.tracker = tracker
         self.base = get_policy_loss(algorithm.loss)
+        self.sequence_level = algorithm.loss in SEQUENCE_LEVEL_LOSSES
         self.clip_low, self.clip_high = algorithm.clip_bounds()
+        self.is_cap = 2.0  # async.is_cap: the decoupled objective's truncation (the learner sets it)
 
     # ---- what the mode needs -----------------------------------------------------------------
     @staticmethod
@@ -131,7 +135,7 @@ class SharingMode:
         """Loss of one mini-batch: the policy-gradient loss on own (and on-policy) rows, the
         mode's extra terms, the KL on own rows. Metrics come back as 0-dim tensors."""
         a = self.a
-        logp, mask, adv = x.logp, x.mask, x.advantages
+        logp, mask = x.logp, x.mask
         own = x.kind == OWN
         on_policy = self.on_policy_rows(x.kind)
         base_rows = own | on_policy
@@ -139,9 +143,7 @@ class SharingMode:
         total = logp.sum() * 0.0
         metrics: dict[str, torch.Tensor | float] = {}
         if base_rows.any():
-            pg = self.base(logp[base_rows], old[base_rows], adv[base_rows], mask[base_rows], clip_low=self.clip_low,
-                           clip_high=self.clip_high,
-                           clip_ratio_c=a.clip_ratio_c, loss_agg=a.loss_agg, norm_len=self.norm_len)
+            pg = self._policy_gradient(x, old, base_rows)
             total = total + pg.loss
             metrics.update(pg.metrics)
         extra = self.peer_loss(x)
@@ -154,6 +156,19 @@ class SharingMode:
             total = total + a.kl_coef * kl
             metrics["kl"] = kl.detach()
         return PolicyLossOutput(total, metrics)
+
+    def _policy_gradient(self, x: LossInputs, old: torch.Tensor, rows: torch.Tensor) -> PolicyLossOutput:
+        """The configured policy loss on ``rows`` against ``old`` (§1); with pipelined sampling, the decoupled
+        objective (§6): the clip anchored at π_prox, the sampler's π_old weighting each token."""
+        kw = dict(clip_low=self.clip_low, clip_high=self.clip_high, clip_ratio_c=self.a.clip_ratio_c,
+                  loss_agg=self.a.loss_agg, norm_len=self.norm_len)
+        logp, adv, mask = x.logp[rows], x.advantages[rows], x.mask[rows]
+        if x.prox_logp is None:
+            return self.base(logp, old[rows], adv, mask, **kw)
+        # rows trained as on-policy take their own log-probs as π_prox too (w = 1, r = 1)
+        prox = torch.where(self.on_policy_rows(x.kind)[:, None].to(logp.device), x.logp.detach(), x.prox_logp)
+        return decoupled_policy_loss(self.base, logp, prox[rows], old[rows], adv, mask, is_cap=self.is_cap,
+                                     sequence_level=self.sequence_level, **kw)
 
     def peer_loss(self, x: LossInputs) -> PolicyLossOutput | None:
         """A loss term on peer rows beyond the policy-gradient one (PRP); none by default."""
