@@ -12,14 +12,14 @@ from mutualrl.services.learner.own_experience import OwnIntake
 from mutualrl.tasks import Problem
 from mutualrl.v1 import experience_pb2 as pb
 
-
 PROBLEM = Problem("1+1=", "2")
 
 
 def _publish(ex, step: int, weights_step: int, index: int) -> None:
-    ex.publish(pb.Rollout(prompt_id=PROBLEM.prompt_id, prompt_text=PROBLEM.prompt, completion_text="2", prompt_token_ids=[1, 2],
-                          token_ids=[3], logprobs=[-0.5], reward=1.0, step=step, sample_index=index, group_size=4,
-                          weights_step=weights_step), "a", weights_step)
+    rollout = pb.Rollout(prompt_id=PROBLEM.prompt_id, prompt_text=PROBLEM.prompt, completion_text="2",
+                         prompt_token_ids=[1, 2], token_ids=[3], logprobs=[-0.5], reward=1.0, step=step,
+                         sample_index=index, group_size=4, weights_step=weights_step)
+    ex.publish(rollout, "a", weights_step)
 
 
 def test_a_rollout_older_than_the_bound_is_refused_and_consumed(tokenizers):
