@@ -2,7 +2,7 @@
 one of them the production Qwen2.5 vocabulary (docs/algorithms.md §3.2, §4)."""
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mutualrl.models import build_tokenizer
@@ -32,6 +32,7 @@ TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "
 @pytest.mark.parametrize("src,tgt", PAIRS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=TEXT)
+@example(text="<eos>")  # the char tokenizer's EOS, matched in text
 def test_conversion_properties(toks, src, tgt, text):
     """Groups partition the bytes; every token is in one group; round-trips are exact when flagged
     so; log-prob sums are preserved whenever nothing is unaligned."""
@@ -45,13 +46,15 @@ def test_conversion_properties(toks, src, tgt, text):
         assert c.groups[0].start == 0
         assert all(a.end == b.start for a, b in zip(c.groups, c.groups[1:]))
         assert c.groups[-1].end >= len(text_b) or not c.residual.roundtrip_ok
-    # every token index lands in exactly one group
-    assert sorted(i for g in c.groups for i in g.source) == list(range(len(ids)))
+    # every token index lands in exactly one group — but a terminal EOS, which THL drops (the receiver appends
+    # its own): hypothesis found the text "<eos>", which the char tokenizer matches as its EOS token
+    n = len(ids) - (1 if ids and ids[-1] == s.eos_token_id else 0)
+    assert sorted(i for g in c.groups for i in g.source) == list(range(n))
     assert sorted(i for g in c.groups for i in g.target) == list(range(len(c.target_ids)))
     if c.residual.roundtrip_ok:
         assert t.decode(c.target_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) == c.text
     if c.residual.unaligned_fraction == 0.0:
-        assert sum(c.target_logprobs) == pytest.approx(sum(lps), abs=1e-6)
+        assert sum(c.target_logprobs) == pytest.approx(sum(lps[:n]), abs=1e-6)
         assert c.residual.logprob_residual == pytest.approx(0.0, abs=1e-6)
     else:
         assert 0.0 < c.residual.unaligned_fraction <= 1.0
