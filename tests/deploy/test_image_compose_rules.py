@@ -186,7 +186,15 @@ def test_dashboards_are_the_generators_output_and_every_expression_parses(tmp_pa
     assert p.returncode == 0, p.stdout + p.stderr
     for text in files.values():
         d = json.loads(text)
-        assert d["uid"].startswith("mutualrl-") and d["panels"] and all(p["targets"] for p in d["panels"])
+        # every panel queries something; a row only groups the panels after it
+        assert d["uid"].startswith("mutualrl-") and d["panels"] and all(p["targets"] for p in d["panels"]
+                                                                        if p["type"] != "row")
+    sharing = json.loads(files["mutualrl-sharing.json"])  # the sharing graph: a row per receiver, a panel per edge
+    rows = [p for p in sharing["panels"] if p["type"] == "row"]
+    assert [r["repeat"] for r in rows] == ["receiver"]
+    edge = [p for p in sharing["panels"] if p.get("repeat") == "source"]
+    assert len(edge) == 1 and "mutualrl_edge_messages_total" in edge[0]["targets"][0]["expr"]
+    assert {v["name"] for v in sharing["templating"]["list"]} == {"datasource", "receiver", "source"}
 
 
 def test_readme_deploy_commands_are_the_tested_ones():
@@ -198,3 +206,27 @@ def test_readme_deploy_commands_are_the_tested_ones():
     named = {w for w in helm.split() if w.startswith("deploy/helm/mutualrl/ci/")}
     assert named and all((ROOT / w).is_file() for w in named), named
     assert named == {str(p.relative_to(ROOT)) for p in (CHART / "ci").glob("*-values.yaml")}
+
+
+def test_compose_runs_three_policies_under_a_sharing_graph(tmp_path):
+    """examples/three-policies.yaml as the cpu profile: a rollout and a learner service per policy, each with
+    its own identity, and docker-compose accepts the file."""
+    import re
+
+    from mutualrl.app.compose import compose_file
+
+    three = load_config(ROOT / "examples" / "three-policies.yaml", check_paths=False)
+    doc = compose_file(three, load_config(GPU, check_paths=False), "three.yaml", "gpu.yaml", 4)
+    for policy in ("llama-char", "qwen-bpe", "gpt2-unigram"):
+        for role in ("rollout", "learner"):
+            svc = doc["services"][f"{policy}-{role}"]
+            assert svc["command"][:2] == ["serve", role] and svc["environment"]["MUTUALRL_REDIS_USERNAME"] == (
+                f"{policy}.{role}")
+    path = tmp_path / "docker-compose.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    secrets = set(re.findall(r"\$\{([A-Z0-9_]+):\?", path.read_text()))
+    assert "MUTUALRL_REDIS_PASSWORD_GPT2_UNIGRAM_LEARNER" in secrets
+    env = {**os.environ, **{s: "x" for s in secrets}, "COMPOSE_PROFILES": "cpu"}
+    p = subprocess.run([tool("docker-compose"), "-f", str(path), "config", "-q"], capture_output=True, text=True,
+                       env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr

@@ -196,9 +196,9 @@ def test_hacpo_paper_schedule_scales_the_learning_rate_by_its_updates():
     pol = "{{name: {n}, model: {{family: llama}}, tokenizer: {{kind: char}}, optim: {{lr: 4.0e-4}}}}"
     text = f"name: h\npolicies: [{pol.format(n='a')}, {pol.format(n='b')}]\nsharing: {{mode: hacpo}}\n"
     cfg = parse_config(text, "t")
-    assert learner_optim(cfg, cfg.policies[0].optim, 1).lr == 1e-4  # 2 self + 2 cross updates
-    assert learner_optim(cfg, cfg.policies[0].optim, 2).lr == 4e-4 / 6  # 2 self + 2 per peer
+    assert learner_optim(cfg.sharing, cfg.policies[0].optim, 1).lr == 1e-4  # 2 self + 2 cross updates
+    assert learner_optim(cfg.sharing, cfg.policies[0].optim, 2).lr == 4e-4 / 6  # 2 self + 2 per peer
     off = parse_config(text.replace("{mode: hacpo}", "{mode: hacpo, hacpo: {scale_lr: false}}"), "t")
-    assert learner_optim(off, off.policies[0].optim, 1).lr == 4e-4
+    assert learner_optim(off.sharing, off.policies[0].optim, 1).lr == 4e-4
     grpo = parse_config(text.replace("{mode: hacpo}", "{mode: none}"), "t")
-    assert learner_optim(grpo, grpo.policies[0].optim, 1).lr == 4e-4
+    assert learner_optim(grpo.sharing, grpo.policies[0].optim, 1).lr == 4e-4

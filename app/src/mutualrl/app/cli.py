@@ -54,7 +54,7 @@ def validate(config: ConfigFile, set_: Overrides = None) -> None:
     """Check an experiment file against the schema without running it."""
     cfg = _load(config, set_)
     names = ", ".join(p.name for p in cfg.policies)
-    out.print(f"[green]ok[/] {config}: {len(cfg.policies)} policies ({names}), sharing={cfg.sharing.mode}, "
+    out.print(f"[green]ok[/] {config}: {len(cfg.policies)} policies ({names}), sharing={cfg.sharing.describe()}, "
               f"steps={cfg.budget.steps}")
 
 

@@ -24,6 +24,15 @@ class Panel:
     kind: str = "timeseries"
     # metrics only an external engine serves (vLLM, SGLang): not expected in a CPU run
     external: bool = False
+    repeat: str | None = None  # a dashboard variable: one copy of the panel (or row) per value
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A dashboard variable: the values of one label of one metric (what repeated rows and panels iterate)."""
+    name: str
+    metric: str
+    label: str
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,7 @@ class Dashboard:
     title: str
     description: str
     panels: tuple[Panel, ...] = field(default_factory=tuple)
+    variables: tuple[Variable, ...] = ()
 
 
 DASHBOARDS = (
@@ -86,7 +96,13 @@ DASHBOARDS = (
         Panel("Peer experience used per second", ("sum by (policy) (rate(mutualrl_shared_in_total[5m]))",)),
         Panel("Rescues (SGT) per second", ("sum by (policy) (rate(mutualrl_rescues_total[5m]))",)),
         Panel("Verified successes shared per second", ("sum by (policy) (rate(mutualrl_shared_out_total[5m]))",)),
-    )),
+        # the sharing graph: a row per receiving learner, in it a panel per incoming edge
+        Panel("Edges into $receiver", (), kind="row", repeat="receiver"),
+        Panel("Edge $source → $receiver: offered, used, stale, refused by THL, rescues (per second)",
+              ("sum by (event) (rate(mutualrl_edge_messages_total{policy=~\"$receiver\", source=~\"$source\"}[5m]))",),
+              legend="{{event}}", repeat="source"),
+    ), variables=(Variable("receiver", "mutualrl_edge_messages_total", "policy"),
+                  Variable("source", "mutualrl_edge_messages_total", "source"))),
     Dashboard("mutualrl-alignment", "mutualrl / alignment health (THL)",
               "Per receiving policy and source policy (one tokenizer pair each): what retokenisation could not carry "
               "over.", (
@@ -159,7 +175,12 @@ def to_grafana(d: Dashboard) -> dict:
     """One dashboard as Grafana JSON (panels on a grid, a Prometheus datasource variable)."""
     panels = []
     for i, p in enumerate(d.panels):
-        panels.append({
+        if p.kind == "row":
+            panels.append({"id": i + 1, "type": "row", "title": p.title, "collapsed": False, "panels": [],
+                           "gridPos": {"h": 1, "w": 24, "x": 0, "y": 8 * (i // 2 + 1)}, "repeat": p.repeat})
+            continue
+        repeat = {"repeat": p.repeat, "repeatDirection": "h"} if p.repeat else {}
+        panels.append({**repeat,
             "id": i + 1, "type": p.kind, "title": p.title,
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
@@ -174,7 +195,12 @@ def to_grafana(d: Dashboard) -> dict:
         "version": 1,
         "editable": True, "time": {"from": "now-1h", "to": "now"}, "refresh": "30s",
         "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus",
-                                 "label": "Prometheus"}]},
+                                 "label": "Prometheus"}] + [
+            {"name": v.name, "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
+             "query": {"query": f"label_values({v.metric}, {v.label})", "refId": v.name},
+             "definition": f"label_values({v.metric}, {v.label})", "multi": True, "includeAll": True,
+             "current": {"text": "All", "value": "$__all"}, "refresh": 2}
+            for v in d.variables]},
         "panels": panels,
     }
 

@@ -33,7 +33,7 @@ class LiveReporter(Reporter):
             self.live.__exit__(*exc)
 
     def _render(self, records: list[dict], step: int, total: int) -> Table:
-        t = Table(title=f"{self.cfg.name} · sharing={self.cfg.sharing.mode} · step {step}/{total} · "
+        t = Table(title=f"{self.cfg.name} · sharing={self.cfg.sharing.describe()} · step {step}/{total} · "
                   f"{time.monotonic() - self.t0:.0f}s · {self._phase}")
         for col in ("policy", "reward", "loss", "clip", "rescues", "thl u", "held-out acc"):
             t.add_column(col)

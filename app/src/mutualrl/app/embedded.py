@@ -209,9 +209,9 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
              "source": rt.artifacts.source},
         )
     records = read_metrics(metrics_path)
-    plot_curves(records, out_dir / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.mode}")
+    plot_curves(records, out_dir / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.describe()}")
     return write_summary(
-        out_dir, cfg.name, cfg.sharing.mode, cfg.budget.steps,
+        out_dir, cfg.name, cfg.sharing.describe(), cfg.budget.steps,
         {
             rt.name: policy_summary(
                 source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,

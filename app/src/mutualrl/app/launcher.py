@@ -294,9 +294,9 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
             writer.write(rec)
     writer.close()
     records = read_metrics(out / "metrics.jsonl")
-    plot_curves(records, out / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.mode} (services)")
+    plot_curves(records, out / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.describe()} (services)")
     return write_summary(
-        out, cfg.name, cfg.sharing.mode, cfg.budget.steps,
+        out, cfg.name, cfg.sharing.describe(), cfg.budget.steps,
         {
             name: policy_summary(
                 source=src, params=params, warm_start_steps=ws_steps, warm_start_accuracy=acc,

@@ -376,10 +376,41 @@ class HacpoConfig(_Strict):
                                  "temperature 1 without top-k/top-p)")
 
 
+ModeName = Literal["none", "naive", "prp", "xgrpo", "sgt", "hacpo"]
+"""The sharing modes (their classes: services/learner/modes; a test checks this literal against the registry)."""
+
+MODE_SECTIONS = ("sgt", "prp", "xgrpo", "hacpo")
+"""The modes that have a settings section of their own."""
+
+
+class EdgeConfig(_Strict):
+    """One directed edge of the sharing graph: ``to``'s learner uses ``from``'s experience under ``mode``,
+    with that mode's settings (unset: ``sharing.mode`` and the ``sharing.<mode>`` section)."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    source: str = Field(..., alias="from", description="The policy whose experience travels.")
+    to: str = Field(..., description="The policy whose learner uses it.")
+    mode: Optional[ModeName] = Field(None, description="The mode on this edge (unset: sharing.mode).")
+    sgt: Optional[SgtConfig] = None
+    prp: Optional[PrpConfig] = None
+    xgrpo: Optional[XgrpoConfig] = None
+    hacpo: Optional[HacpoConfig] = None
+
+    @model_validator(mode="after")
+    def _settings_of_its_mode(self) -> "EdgeConfig":
+        given = [m for m in MODE_SECTIONS if getattr(self, m) is not None]
+        if self.mode is not None and any(m != self.mode for m in given):
+            raise ValueError(f"edge {self.source} -> {self.to}: mode {self.mode} takes no "
+                             f"{', '.join(m for m in given if m != self.mode)} settings")
+        if self.mode == "none":
+            raise ValueError(f"edge {self.source} -> {self.to}: an edge with mode none shares nothing; leave it out")
+        return self
+
+
 class SharingConfig(_Strict):
     """Which experience the policies exchange (docs/algorithms.md §3.3) and each mode's settings."""
-    mode: Literal["none", "naive", "prp", "xgrpo", "sgt", "hacpo"] = Field(
-        "none", description="How learners use peer experience: none | naive | prp | xgrpo | sgt | hacpo."
+    mode: ModeName = Field(
+        "none", description="How learners use peer experience: none | naive | prp | xgrpo | sgt | hacpo. Every "
+                            "policy learns from every other under it, unless `edges` says who learns from whom."
     )
     sgt: SgtConfig = Field(default_factory=SgtConfig)
     prp: PrpConfig = Field(default_factory=PrpConfig)
@@ -387,6 +418,39 @@ class SharingConfig(_Strict):
     hacpo: HacpoConfig = Field(default_factory=HacpoConfig)
     capability: CapabilityConfig = Field(default_factory=CapabilityConfig)
     max_version_lag: int = Field(1, ge=0, description="Δ_max: ignore peer experience older than this many steps.")
+    edges: Optional[list[EdgeConfig]] = Field(
+        None, description="The sharing graph: who learns from whom, under which mode (unset: every policy from "
+                          "every other under `mode`). A learner combines its incoming edges under one mode.")
+
+    def edge_mode(self, edge: EdgeConfig) -> str:
+        """The mode on ``edge`` (its own, else ``mode``)."""
+        return edge.mode or self.mode
+
+    def for_receiver(self, receiver: str, policies: list[str]) -> tuple[list[str], "SharingConfig"]:
+        """The peers ``receiver``'s learner reads, and the sharing settings it runs under: without edges every
+        other policy and this config; with edges the sources of its incoming edges, under their mode and
+        settings (a policy with none learns alone, mode none)."""
+        if self.edges is None:
+            return [p for p in policies if p != receiver], self
+        incoming = [e for e in self.edges if e.to == receiver]
+        if not incoming:
+            return [], self.model_copy(update={"mode": "none", "edges": None})
+        mode = self.edge_mode(incoming[0])
+        update: dict = {"mode": mode, "edges": None}
+        sections = [getattr(e, mode, None) for e in incoming if getattr(e, mode, None) is not None]
+        if sections:  # the edges that set them agree (checked with the experiment)
+            update[mode] = sections[0]
+        return [e.source for e in incoming], self.model_copy(update=update)
+
+    def describe(self) -> str:
+        """The sharing as a short label: the mode, or the graph's edges."""
+        if self.edges is None:
+            return self.mode
+        return "graph: " + ", ".join(f"{e.source}->{e.to} {self.edge_mode(e)}" for e in self.edges)
+
+    def modes_used(self, policies: list[str]) -> set[str]:
+        """Every mode some learner runs under."""
+        return {self.for_receiver(p, policies)[1].mode for p in policies}
 
 
 class AsyncConfig(_Strict):
@@ -635,10 +699,15 @@ class ExperimentConfig(_Strict):
     def _sharing_needs_peers(self) -> "ExperimentConfig":
         if self.sharing.mode != "none" and len(self.policies) < 2:
             raise ValueError(f"sharing.mode {self.sharing.mode!r} needs at least two policies")
-        # the mode's own settings check what they need of the rest
-        section = getattr(self.sharing, self.sharing.mode, None)
-        if section is not None and hasattr(section, "check_experiment"):
-            section.check_experiment(self)
+        names = [p.name for p in self.policies]
+        if self.sharing.edges is not None:
+            _check_graph(self.sharing, names)
+        # each mode's own settings check what they need of the rest
+        for name in names:
+            _, sharing = self.sharing.for_receiver(name, names)
+            section = getattr(sharing, sharing.mode, None)
+            if section is not None and hasattr(section, "check_experiment"):
+                section.check_experiment(self)
         return self
 
     def check_paths(self, base: Path | None = None) -> None:
@@ -650,6 +719,36 @@ class ExperimentConfig(_Strict):
                                      "(a folder, or a model preset: `mutualrl models list`)")
         if self.task.path and not Path(self.task.path).is_file():
             raise ValueError(f"task.path does not exist: {self.task.path}")
+
+
+def _check_graph(sharing: SharingConfig, names: list[str]) -> None:
+    """Edges between known policies, each once, none to itself; a learner's incoming edges under one mode with
+    one set of settings (it combines them under one objective)."""
+    seen: set[tuple[str, str]] = set()
+    for e in sharing.edges or []:
+        for end in (e.source, e.to):
+            if end not in names:
+                raise ValueError(f"sharing.edges: {e.source} -> {e.to} names no policy {end!r} (policies: "
+                                 f"{', '.join(names)})")
+        if e.source == e.to:
+            raise ValueError(f"sharing.edges: {e.source} -> {e.to} is a loop; a policy's own rollouts are always used")
+        if (e.source, e.to) in seen:
+            raise ValueError(f"sharing.edges: {e.source} -> {e.to} is listed twice")
+        seen.add((e.source, e.to))
+        if sharing.edge_mode(e) == "none":
+            raise ValueError(f"sharing.edges: {e.source} -> {e.to} has no mode (set it, or sharing.mode)")
+    for receiver in names:
+        incoming = [e for e in sharing.edges or [] if e.to == receiver]
+        modes = {sharing.edge_mode(e) for e in incoming}
+        if len(modes) > 1:
+            raise ValueError(f"sharing.edges: {receiver}'s learner has incoming edges under "
+                             f"{', '.join(sorted(modes))}; a learner combines its peers under one mode")
+        sections = {repr(getattr(e, sharing.edge_mode(e), None)) for e in incoming
+                    if getattr(e, sharing.edge_mode(e), None) is not None}
+        if len(sections) > 1:
+            raise ValueError(f"sharing.edges: {receiver}'s incoming edges set different {next(iter(modes))} "
+                             "settings; a learner runs one set (put them on one edge, or in sharing."
+                             f"{next(iter(modes))})")
 
 
 def _is_model_preset(value: str) -> bool:

@@ -67,6 +67,7 @@ class LearnerSettings:
     device: str = "cpu"
     peer_deadline_s: float = 30.0  # how long to wait for own experience before training on what arrived
     staleness: AsyncConfig = field(default_factory=AsyncConfig)  # pipelined sampling: the decoupled objective (§6)
+    record_edges: bool = False  # a sharing graph: each record has an ``edges`` field
 
 
 class Learner:
@@ -84,6 +85,7 @@ class Learner:
         ref_model: PreTrainedModel | None = None,
     ):
         self.policy = policy
+        self.peers = list(peers)
         self.model = model.to(settings.device)
         # FSDP2 (mutualrl.models.sharding)
         self.sharded = any(hasattr(p, "full_tensor") for p in self.model.parameters())
@@ -117,6 +119,7 @@ class Learner:
         self.totals: Counter[str] = Counter()
         self.reputation = PeerReputation()
         self.consumed: set[str] = set()  # message ids a durable checkpoint covers: never admitted again
+        self.last_edges: dict[str, dict[str, int]] = {}  # the last step's counts per incoming edge (metrics)
         self.reputation_events: list[ReputationEvent] = []  # of the last step (the service logs them)
 
     # ---- gathering -------------------------------------------------------
@@ -429,6 +432,7 @@ class Learner:
                 metrics[k[1:]] = sum(vals) / len(vals) if vals else None
         kl_value = metrics.get("kl") if metrics.get("kl") is not None else metrics.get("approx_kl")
         grad_norm = sum(grad_norms) / len(grad_norms)
+        self.last_edges = self._edge_counts(rows, intake, rescues)
         record = {
             "step": step,
             "policy": self.policy,
@@ -461,7 +465,22 @@ class Learner:
         }
         for k, v in metrics.items():
             record.setdefault(k, v)
+        if self.s.record_edges:
+            record["edges"] = self.last_edges
         return record
+
+    def _edge_counts(self, rows: Rows, intake: IntakeResult, rescues: list) -> dict[str, dict[str, int]]:
+        """Per incoming sharing edge (keyed ``source->receiver``): messages offered, rows and stats used, messages
+        refused as stale or by THL, rescues."""
+        used = Counter(src for src, kind in zip(rows.source_policy, rows.kind) if kind == PEER)
+        used.update(st.producer for stats in intake.stats.values() for st in stats)
+        rescued = Counter(r.source_policy for r in rescues)
+        out = {}
+        for src in self.peers:
+            c = intake.per_source.get(src, Counter())
+            out[f"{src}->{self.policy}"] = {"offered": c["offered"], "used": used[src], "stale": c["stale"],
+                                            "thl_rejected": c["thl_rejected"], "rescues": rescued[src]}
+        return out
 
 
 def _context_limit(config) -> int:

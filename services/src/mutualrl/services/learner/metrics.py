@@ -15,7 +15,9 @@ PEER_REJECTION_REASONS = (
     "empty",
     "unknown_tokenizer", "invalid_stats", "duplicate_stats", "thl_unaligned", "thl_roundtrip",
 )
-OWN_REJECTION_REASONS = ("unknown_prompt", "malformed", "too_long", "bad_token")
+OWN_REJECTION_REASONS = ("unknown_prompt", "malformed", "too_long", "bad_token", "too_stale")
+EDGE_EVENTS = ("offered", "used", "stale", "thl_rejected", "rescues")
+"""What a learner counts per incoming sharing edge (``mutualrl_edge_messages``)."""
 
 
 class LearnerMetrics:
@@ -69,6 +71,10 @@ class LearnerMetrics:
         self.own_rejected = Counter("mutualrl_own_rejected",
                                     "Own rollouts refused before use (unknown prompt, malformed, too long, bad token).",
                                     ["policy", "reason"], registry=r)
+        self.edges = Counter("mutualrl_edge_messages",
+                             "Peer experience per sharing edge (source -> this receiver): offered, used (rows and "
+                             "stats), refused as stale, refused by THL, and rescues.",
+                             ["policy", "source", "event"], registry=r)
         self.quarantines = Counter("mutualrl_peer_quarantine_events",
                                    "Peers entering or leaving quarantine at this receiver.",
                                    ["policy", "peer", "action"], registry=r)
@@ -80,6 +86,8 @@ class LearnerMetrics:
         self.rescues.labels(policy)
         for q in peers:
             self.quarantined.labels(policy, q).set(0)
+            for event in EDGE_EVENTS:
+                self.edges.labels(policy, q, event)
         r.register(SeeCollector(exchange))
         self.stages = StageMetrics(r, policy, "learner")
         self._own_reported: dict[str, int] = {}  # own rejections already exported, by reason
@@ -119,6 +127,10 @@ class LearnerMetrics:
                 reason = key.split(":", 1)[1]
                 self.own_rejected.labels(p, reason).inc(n - self._own_reported.get(reason, 0))
                 self._own_reported[reason] = n
+        for edge, counts in learner.last_edges.items():
+            source = edge.split("->", 1)[0]
+            for event, n in counts.items():
+                self.edges.labels(p, source, event).inc(n)
         for ev in rec.get("reputation_events") or []:
             self.quarantines.labels(p, ev["peer"], ev["action"]).inc()
             self.quarantined.labels(p, ev["peer"]).set(1 if ev["action"] == "quarantined" else 0)

@@ -95,6 +95,12 @@ class IntakeResult:
     failures: Counter = field(default_factory=Counter)  # producer -> claims that failed a check
     used: list[Received] = field(default_factory=list)  # everything consumed (accepted or rejected), to ack
     step_lags: list[int] = field(default_factory=list)  # own step − the message's step, of every one admitted
+    # per source policy (a sharing edge into this learner): messages offered, refused as stale, refused by THL
+    per_source: dict[str, Counter] = field(default_factory=dict)
+
+    def count(self, source: str, what: str) -> None:
+        """Count one event of a sharing edge (``offered``, ``stale``, ``thl_rejected``)."""
+        self.per_source.setdefault(source, Counter())[what] += 1
 
     def residual_summary(self) -> dict[str, float]:
         """The step's THL residuals: means over the converted messages, for the record."""
@@ -140,8 +146,10 @@ class PeerIntake:
         """Checks every kind shares: staleness, a prompt of this step, the same prompt text."""
         out.used.append(m)
         p = m.payload
+        out.count(m.envelope.producer, "offered")
         if step - p.step > self.max_step_lag or p.step > step:
             out.rejected["stale"] += 1
+            out.count(m.envelope.producer, "stale")
             return None
         problem = problems.get(p.prompt_id)
         if problem is None:
@@ -180,6 +188,7 @@ class PeerIntake:
         if reason:
             out.rejected[reason] += 1
             out.failures[source] += 1
+            out.count(source, "thl_rejected")
             return False
         return True
 

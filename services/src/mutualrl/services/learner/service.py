@@ -92,7 +92,7 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
                        eval_every=cfg.eval.every,
                        checkpoints=Checkpoints(ctx.state_dir / f"{p.name}.learner.state.pt", cfg.checkpoint.every),
                        lockstep=ranks)
-    peers = [q.name for q in cfg.policies if q.name != p.name]
+    peers = learner.peers  # the sources of its incoming sharing edges (every other policy without edges)
     collective = cfg.weights.transport == "collective"  # a version sent by broadcast can be missed, one on disk cannot
     done = _resume(loop, ctx, log, collective)
     metrics_path = ctx.state_dir / f"{p.name}.metrics.jsonl"

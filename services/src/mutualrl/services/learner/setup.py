@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from mutualrl.config import ExperimentConfig
-from mutualrl.config.schema import OptimConfig
+from mutualrl.config.schema import OptimConfig, SharingConfig
 from mutualrl.models.policy import tokenizer_fingerprint
 from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy, prompt_style
 from mutualrl.see import ExperienceExchange
@@ -18,10 +18,16 @@ from mutualrl.weights import WeightSender, WeightStore
 from mutualrl.weights.groups import learner_sender, parse_address, resolve_backend
 
 
-def learner_optim(cfg: ExperimentConfig, optim: OptimConfig, n_peers: int) -> OptimConfig:
+def receiver_sharing(cfg: ExperimentConfig, policy: str) -> tuple[list[str], SharingConfig]:
+    """The peers ``policy``'s learner reads and the sharing it runs under (its incoming edges of the sharing graph;
+    without edges every other policy under ``sharing.mode``)."""
+    return cfg.sharing.for_receiver(policy, [q.name for q in cfg.policies])
+
+
+def learner_optim(sharing: SharingConfig, optim: OptimConfig, n_peers: int) -> OptimConfig:
     """The optimiser settings a learner runs with: its policy's, as its sharing mode changes them
     (HACPO's paper schedule divides the learning rate by its updates per step, docs/algorithms.md §2.8)."""
-    return MODES.get(cfg.sharing.mode).optim(cfg.sharing, optim, n_peers)
+    return MODES.get(sharing.mode).optim(sharing, optim, n_peers)
 
 
 def make_learner(
@@ -40,12 +46,12 @@ def make_learner(
         pp.arts.tokenizer, verifier, registry, ThlBudget(cfg.thl.max_unaligned, cfg.thl.require_roundtrip),
         cfg.sharing.max_version_lag, prompt_style(cfg, p), cfg.thl.placement,
     )
-    peers = [q.name for q in cfg.policies if q.name != p.name]
+    peers, sharing = receiver_sharing(cfg, p.name)
     settings = LearnerSettings(
-        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=cfg.sharing,
-        optim=learner_optim(cfg, p.optim, len(peers)),
+        group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=sharing,
+        optim=learner_optim(sharing, p.optim, len(peers)),
         max_new_tokens=cfg.budget.max_new_tokens, device=device or p.engine.device, peer_deadline_s=peer_deadline_s,
-        staleness=cfg.async_,
+        staleness=cfg.async_, record_edges=cfg.sharing.edges is not None,
     )
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
                    ref_model=ref)
