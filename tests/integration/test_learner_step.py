@@ -37,14 +37,14 @@ def _policy(name, family, kind, task, seed):
                        corpus_fingerprint=task.fingerprint(), seed=seed)
 
 
-def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0):
+def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0, bank=0):
     ex = ExperienceExchange(InProcessBroker(), "mutualrl:it")
     store = WeightStore()
     reg = TokenizerRegistry()
     pols = {"a": _policy("a", "llama", "char", task, 1), "b": _policy("b", "gpt2", "bpe", task, 2)}
     for p in pols.values():
         reg.register(p.fingerprint, p.tokenizer)
-    sharing = SharingConfig(mode=mode, sgt=SgtConfig(weight=1.0, gate_tau=1.0))
+    sharing = SharingConfig(mode=mode, sgt=SgtConfig(weight=1.0, gate_tau=1.0, bank_prompts=bank))
     out = {}
     for name, arts in pols.items():
         verifier = _Oracle()
@@ -121,6 +121,39 @@ def test_sgt_rescues_cross_tokenizers_and_rejects_false_claims(arithmetic_task):
     assert rec["peer_rejected"] == {"reverify_failed": 1}
     assert rec["sgt_nll"] is not None and rec["sgt_nll"] > 0
     assert rec["thl_residual"] == 0.0
+
+
+def test_a_banked_peer_success_rescues_its_prompt_when_it_comes_up_steps_later(arithmetic_task):
+    """SGT under bounded peers (docs/algorithms.md §6): a peer's verified success for a prompt this learner is
+    not training now is banked, then released, re-verified and trained on when that prompt comes up."""
+    ex, store, pols = _setup(arithmetic_task, mode="sgt", bank=16)
+    a_arts, _, _, a_learner = pols["a"]
+    tok = a_arts.tokenizer
+    later, now = Problem("12+34=", "46"), Problem("5+5=", "10")
+
+    def own_all_fail(p, step):
+        ids = tok(p.prompt)["input_ids"]
+        comp = tok("0", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        for i in range(8):
+            ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, prompt_token_ids=ids, token_ids=comp,
+                                  logprobs=[-1.0] * len(comp), reward=0.0, step=step, sample_index=i, group_size=8),
+                       "a")
+
+    b_tok, b_fp = pols["b"][0].tokenizer, pols["b"][0].fingerprint
+    ids = b_tok("46", add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
+    ex.publish(pb.VerifiedSuccess(prompt_id=later.prompt_id, prompt_text=later.prompt, completion_text="46",
+                                  token_ids=ids, logprobs=[-0.5] * len(ids), reward=1.0, step=1,
+                                  tokenizer_fingerprint=b_fp), "b")
+    a_learner.intake.verifier = ExactMatchVerifier()
+    own_all_fail(now, 1)
+    rec = a_learner.train_step(1, [now])  # the success is for another prompt: banked, not rejected
+    assert rec["bank_successes"] == 1 and rec["bank_released"] == 0 and rec["rescue_count"] == 0
+    assert rec["peer_rejected"] == {}
+    own_all_fail(later, 3)
+    rec = a_learner.train_step(3, [later])  # two steps later (over max_version_lag 1), its prompt comes up
+    assert rec["bank_released"] == 1 and rec["bank_successes"] == 0
+    assert rec["rescue_count"] == 1 and rec["sgt_nll"] > 0
+    assert a_learner.last_used["peer"] == []  # acknowledged when banked, at step 1: not listed twice
 
 
 def test_learner_waits_for_its_deadline_then_trains_on_what_arrived(arithmetic_task):

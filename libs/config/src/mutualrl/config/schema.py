@@ -300,6 +300,10 @@ class SgtConfig(_Strict):
     gate_tau: float = Field(0.0, ge=0, le=1, description="Open the gate when own successes <= τ·G (τ=0: only all-fail "
                             "groups).")
     max_per_prompt: int = Field(1, ge=1, description="K_r, rescued successes kept per prompt (shortest first).")
+    bank_prompts: int = Field(0, ge=0, description="Prompts kept in the learner's bank of peers' verified successes "
+                              "for prompts it is not training now, released when the prompt comes up again (0: no "
+                              "bank). Meant for async.peers bounded, where a peer's successes arrive at other steps.")
+    bank_max_age: int = Field(32, ge=0, description="Steps a banked success stays usable.")
 
 
 class PrpConfig(_Strict):

@@ -28,6 +28,7 @@ from mutualrl.services.learner.objective import OWN, PEER, LossInputs, Rows, rig
 from mutualrl.services.learner.own_experience import OwnIntake
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
 from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
+from mutualrl.services.learner.success_bank import SuccessBank
 from mutualrl.tasks import Problem
 from mutualrl.weights import WeightSender
 from mutualrl.weights.handshake import WeightsPublisher
@@ -112,6 +113,8 @@ class Learner:
         self.peer_sub = exchange.subscribe(policy, kinds, peers,
                                            consumer=f"{policy}-learner") if kinds and peers else None
         self.tracker = self.mode.tracker
+        # peers' successes for prompts not trained now, kept for when the prompt comes up (bounded peers)
+        self.bank: SuccessBank | None = self.mode.success_bank()
         self._peer_buffer: list[Received] = []
         self._to_ack: list[tuple[object, list[Received]]] = []  # (subscription, messages) awaiting commit()
         # message ids the last step trained on, by kind (the service's ledger)
@@ -275,12 +278,14 @@ class Learner:
         by_kind: dict[str, list[Received]] = {}
         for m in peer_msgs:
             by_kind.setdefault(m.kind, []).append(m)
-        self.intake.verified_successes(by_kind.get("verified_success", []), step, by_id, intake)
+        released = self._peer_successes(by_kind.get("verified_success", []), step, by_id, intake)
         self.intake.rollouts(by_kind.get("rollout", []), step, by_id, intake)
         self.intake.advantage_stats(by_kind.get("advantage_stats", []), step, by_id, intake)
         self._apply_reputation(step, intake)
         if self.s.staleness.pipelined or self.s.staleness.peers == "bounded":
             metrics.update(self._staleness(step, own, intake))
+        if self.bank is not None:
+            metrics.update(bank_successes=len(self.bank), bank_released=released)
         self._add_peer_rows(rows, intake, metrics)  # none unless the mode reads peer rollouts
         self.mode.observe([float(r.payload.reward) for r in own], intake)  # once per step, before the update (§2.2)
 
@@ -305,6 +310,26 @@ class Learner:
         self.publish_weights(step)
         stages["weight_sync"] = time.monotonic() - t_sync
         return self._record(step, rows, own, intake, rescues, gate_open, metrics, update, stages, t0)
+
+    def _peer_successes(self, messages: list[Received], step: int, problems: dict[str, Problem],
+                        intake: IntakeResult) -> int:
+        """Peers' verified successes into the intake (SGT). With a bank, those for prompts not in this step are
+        banked (acknowledged with the step) and banked ones for this step's prompts come out, checked against the
+        bank's age bound instead of ``sharing.max_version_lag``; how many came out of the bank."""
+        if self.bank is None:
+            self.intake.verified_successes(messages, step, problems, intake)
+            return 0
+        later = [m for m in messages if m.payload.prompt_id not in problems]
+        self.bank.deposit(later, step)
+        intake.used += later
+        self.intake.verified_successes([m for m in messages if m.payload.prompt_id in problems], step, problems,
+                                       intake)
+        released = self.bank.withdraw(set(problems), step)
+        if released:
+            self.intake.verified_successes(released, step, problems, intake, max_lag=self.bank.max_age)
+            again = {id(m) for m in released}  # acknowledged when banked: not again
+            intake.used = [m for m in intake.used if id(m) not in again]
+        return len(released)
 
     def _staleness(self, step: int, own: list[Received], intake: IntakeResult) -> dict:
         """Asynchronous runs' record fields: how many steps behind the learner's weights (those of step t−1) the

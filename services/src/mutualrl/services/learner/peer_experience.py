@@ -142,12 +142,14 @@ class PeerIntake:
             self._prompt_cache[problem.prompt] = encode_prompt(self.tokenizer, problem.prompt, self.prompt_style)
         return self._prompt_cache[problem.prompt]
 
-    def _admit(self, m: Received, step: int, problems: dict[str, Problem], out: IntakeResult) -> Problem | None:
-        """Checks every kind shares: staleness, a prompt of this step, the same prompt text."""
+    def _admit(self, m: Received, step: int, problems: dict[str, Problem], out: IntakeResult,
+               max_lag: int | None = None) -> Problem | None:
+        """Checks every kind shares: staleness (``max_lag`` steps, default ``max_step_lag``), a prompt of this
+        step, the same prompt text."""
         out.used.append(m)
         p = m.payload
         out.count(m.envelope.producer, "offered")
-        if step - p.step > self.max_step_lag or p.step > step:
+        if step - p.step > (self.max_step_lag if max_lag is None else max_lag) or p.step > step:
             out.rejected["stale"] += 1
             out.count(m.envelope.producer, "stale")
             return None
@@ -204,14 +206,15 @@ class PeerIntake:
 
     # ---- SGT ------------------------------------------------------------
     def verified_successes(self, messages: list[Received], step: int, problems: dict[str, Problem],
-                           out: IntakeResult | None = None) -> IntakeResult:
+                           out: IntakeResult | None = None, max_lag: int | None = None) -> IntakeResult:
         """Turn peers' ``VerifiedSuccess`` messages for this step into rescue candidates
-        (re-verified by the receiver, then THL-converted in one batch per source vocabulary)."""
+        (re-verified by the receiver, then THL-converted in one batch per source vocabulary); ``max_lag``: how
+        old a success may be (a banked one: the bank's age bound)."""
         out = out or IntakeResult()
         by_source: dict[str, list[tuple[Received, Problem]]] = defaultdict(list)
         text_only: list[tuple[Received, Problem]] = []
         for m in messages:
-            problem = self._admit(m, step, problems, out)
+            problem = self._admit(m, step, problems, out, max_lag)
             if problem is None:
                 continue
             vs = m.payload

@@ -30,6 +30,7 @@ from mutualrl.grpo import (
 from mutualrl.grpo.registry import Registry
 from mutualrl.services.learner.objective import OWN, LossInputs, Rows, StepAdvantages
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerRow, PeerStats
+from mutualrl.services.learner.success_bank import SuccessBank
 
 MODES: Registry = Registry("sharing mode")
 """Every sharing mode's class under its name; ``sharing.mode``'s literal lists exactly these."""
@@ -105,6 +106,11 @@ class SharingMode:
                 group_size: int) -> list[RescueItem]:
         """Peer successes this step trains on (SGT); none by default."""
         return []
+
+    def success_bank(self) -> SuccessBank | None:
+        """A bank for peers' verified successes on prompts not trained now (SGT under bounded peers); none by
+        default."""
+        return None
 
     def gate_open(self, own_successes: dict[str, int], group_size: int) -> int:
         """Groups in which no own sample succeeded — the support gap sharing exists for,

@@ -11,6 +11,7 @@ from mutualrl.models.generation import sequence_logprobs
 from mutualrl.services.learner.modes.base import SharingMode, group_ids, register_mode
 from mutualrl.services.learner.objective import OWN, RESCUE, Rows, StepAdvantages
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerStats
+from mutualrl.services.learner.success_bank import SuccessBank
 
 
 @register_mode
@@ -23,6 +24,11 @@ class SuccessGatedTransfer(SharingMode):
     section = "§3.3 SGT"
     peer_kinds = ("verified_success",)
     record_keys = ("sgt_nll",)
+
+    @override
+    def success_bank(self) -> SuccessBank | None:
+        s = self.sh.sgt
+        return SuccessBank(s.bank_prompts, s.max_per_prompt, s.bank_max_age) if s.bank_prompts else None
 
     @override
     def gate_open(self, own_successes: dict[str, int], group_size: int) -> int:
