@@ -50,6 +50,22 @@ def _resume_step(learner_step: int, ledger: Path, pipelined: bool) -> int:
     return step
 
 
+def _report_step(ctx: ServiceContext, policy: str, step: int, res, version: int, ledger, metrics: RolloutMetrics,
+                 log) -> None:
+    """What a sampled step leaves behind: its ledger line (the messages it published), its metrics, a heartbeat
+    with its stage seconds, and a log line."""
+    ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "successes": res.successes_published,
+                             "weights_version": version}) + "\n")
+    ledger.flush()
+    stages = {"generate": res.generate_s}
+    metrics.observe(step, res.published, res.successes_published, stages, res.tokens, version)
+    beat = pb.Heartbeat(role="rollout", step=step, version=version, status="ok", stage_seconds=stages,
+                        tokens=res.tokens)
+    ctx.exchange.publish(beat, f"{policy}.rollout")
+    log.info("step", extra={"fields": {"step": step, "published": res.published,
+                                       "successes": res.successes_published, "reward_mean": res.reward_mean}})
+
+
 def run_rollout_service(args: ServiceArgs) -> int:
     """A policy's rollout service: samples each step with the newest weights, serves gRPC, and follows the learner's
     versions."""
@@ -114,18 +130,8 @@ def run_rollout_service(args: ServiceArgs) -> int:
             # crash tests: the weights are loaded, nothing sampled
             fault_point("rollout_before_sample", step, ctx.state_dir, p.name)
             res = worker.run_step(step, distributor.batch(step))
-            ledger.write(json.dumps({"step": step, "rollouts": res.message_ids, "successes": res.successes_published,
-                                     "weights_version": engine.info().weights_version}) + "\n")
-            ledger.flush()
-            stages = {"generate": res.generate_s}
-            metrics.observe(step, res.published, res.successes_published, stages, res.tokens,
-                            engine.info().weights_version)
-            beat = pb.Heartbeat(role="rollout", step=step, version=engine.info().weights_version, status="ok",
-                                stage_seconds=stages, tokens=res.tokens)
-            ctx.exchange.publish(beat, f"{p.name}.rollout")
+            _report_step(ctx, p.name, step, res, res.weights_version, ledger, metrics, log)
             state["step"] = step
-            log.info("step", extra={"fields": {"step": step, "published": res.published,
-                                               "successes": res.successes_published, "reward_mean": res.reward_mean}})
             step += 1
         # the budget is sampled: keep serving (weights updates, Generate) until told to stop
         stop.wait()

@@ -28,6 +28,7 @@ class StepRollouts:
     message_ids: list[str] = field(default_factory=list)  # the Rollout messages published (a service's ledger)
     generate_s: float = 0.0  # engine time of the step's generation (MWRA's measured cost)
     tokens: int = 0  # completion tokens generated
+    weights_version: int = 0  # the engine's version when the step was sampled
 
     @property
     def reward_mean(self) -> float:
@@ -72,7 +73,7 @@ class RolloutWorker:
         t0 = time.monotonic()
         groups = self.engine.generate(prompt_ids, self._spec(step))
         pace("generate", self.policy, t0)  # benchmarks of the schedule only (MUTUALRL_PACE)
-        result = StepRollouts(step, generate_s=time.monotonic() - t0)
+        result = StepRollouts(step, generate_s=time.monotonic() - t0, weights_version=version)
         result.tokens = sum(len(s.token_ids) for group in groups for s in group)
         G = self.sampling.n
         flat = [s for group in groups for s in group]
