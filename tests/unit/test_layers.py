@@ -137,3 +137,15 @@ def test_a_path_based_tool_resolves_every_import_to_its_file():
     assert not unresolved, "imports ruff cannot follow to a file:\n" + "\n".join(unresolved)
     assert resolved > 300  # the imports counted (367 when this test was written)
     print(f"ruff analyze graph resolved {resolved} mutualrl imports in {len(by_file)} modules")
+
+
+def test_no_function_in_services_or_app_is_longer_than_80_lines():
+    """The bar the house issue set: a function that long is several jobs, and reads as one."""
+    root = Path(__file__).resolve().parents[2]
+    long = []
+    for folder in ("services", "app"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                    long.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    assert not long, long

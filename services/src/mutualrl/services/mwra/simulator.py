@@ -362,15 +362,19 @@ def run(scenario: Scenario, strategy: Strategy, costs: np.ndarray | None = None)
         heapq.heappush(completions, (finish[k, s], k, s, gen_s, train_s, (a.rollout_gpus, a.learner_gpus)))
     timeline += [(t, truth[j].name, s_j) for t, j, s_j, *_ in sorted(completions)]
     makespan = float(finish[:, S].max())
-    times = sorted(t for t, _, _ in timeline)
-    gaps = np.diff([0.0, *times]) if times else np.array([makespan])
     after_loss = 0.0 if loss_time is None else (capacity_before - sc.node_size) * (makespan - loss_time)
     capacity = sc.gpus * makespan if loss_time is None else capacity_before * loss_time + after_loss
     post = None if loss_time is None else _post_loss_ratio(truth, costs, finish, loss_progress, sc.gpus - sc.node_size)
     return SimResult(
         strategy.name, makespan, lb, busy / capacity, max(step_times), min(step_times), lag, strategy.replans, partial,
-        float(gaps.max()), post_loss_over_new_lower_bound=post, timeline=timeline,
+        _longest_gap(timeline, makespan), post_loss_over_new_lower_bound=post, timeline=timeline,
     )
+
+
+def _longest_gap(timeline: list[tuple[float, str, int]], makespan: float) -> float:
+    """The longest wait between two consecutive step completions of any policy (the whole run when none)."""
+    times = sorted(t for t, _, _ in timeline)
+    return float((np.diff([0.0, *times]) if times else np.array([makespan])).max())
 
 
 def _stalled(strategy: Strategy, plan: Plan, truth: Sequence[PolicyDemand], lb: float) -> SimResult | None:
