@@ -342,14 +342,15 @@ class Learner:
                 "peer_step_lag_max": max(intake.step_lags, default=None)}
 
     def _proximal_logprobs(self, rows: Rows, chunks: list[slice], stages: dict) -> list[torch.Tensor | None]:
-        """π_prox of the decoupled objective (§6): each mini-batch's log-probs under the weights the step starts
-        with, computed before the first update (no gradient). None per mini-batch when sampling is not pipelined."""
+        """π_prox of the decoupled objective (§6): the log-probs of mini-batches 1.. under the weights the step
+        starts with, computed before the first update (no gradient). Mini-batch 0 is trained before any update, so
+        its own forward pass gives them (None here); None for every mini-batch when sampling is not pipelined."""
         if not self.s.staleness.pipelined:
             return [None] * len(chunks)
         t0 = time.monotonic()
-        out = []
+        out: list[torch.Tensor | None] = [None]
         with torch.no_grad():
-            for sl in chunks:
+            for sl in chunks[1:]:
                 logp, _ = sequence_logprobs(self.model, rows.prompt_token_ids[sl], rows.token_ids[sl],
                                             pad_id=self.tok.pad_token_id)  # [b, T]
                 out.append(logp)
@@ -400,7 +401,7 @@ class Learner:
                 omega=inputs.omega[sl].to(dev),
                 minibatch_index=m,
                 ref_logp=ref_logp,
-                prox_logp=proximal[m],
+                prox_logp=logp.detach() if m == 0 and self.s.staleness.pipelined else proximal[m],
             ))
             loss = out.loss
             mb_metrics = dict(out.metrics)

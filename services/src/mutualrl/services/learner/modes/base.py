@@ -149,7 +149,7 @@ class SharingMode:
         total = logp.sum() * 0.0
         metrics: dict[str, torch.Tensor | float] = {}
         if base_rows.any():
-            pg = self._policy_gradient(x, old, base_rows)
+            pg = self._policy_gradient(x, old, base_rows, on_policy)
             total = total + pg.loss
             metrics.update(pg.metrics)
         extra = self.peer_loss(x)
@@ -163,7 +163,8 @@ class SharingMode:
             metrics["kl"] = kl.detach()
         return PolicyLossOutput(total, metrics)
 
-    def _policy_gradient(self, x: LossInputs, old: torch.Tensor, rows: torch.Tensor) -> PolicyLossOutput:
+    def _policy_gradient(self, x: LossInputs, old: torch.Tensor, rows: torch.Tensor,
+                         on_policy: torch.Tensor) -> PolicyLossOutput:
         """The configured policy loss on ``rows`` against ``old`` (§1); with pipelined sampling, the decoupled
         objective (§6): the clip anchored at π_prox, the sampler's π_old weighting each token."""
         kw = dict(clip_low=self.clip_low, clip_high=self.clip_high, clip_ratio_c=self.a.clip_ratio_c,
@@ -172,7 +173,7 @@ class SharingMode:
         if x.prox_logp is None:
             return self.base(logp, old[rows], adv, mask, **kw)
         # rows trained as on-policy take their own log-probs as π_prox too (w = 1, r = 1)
-        prox = torch.where(self.on_policy_rows(x.kind)[:, None].to(logp.device), x.logp.detach(), x.prox_logp)
+        prox = torch.where(on_policy[:, None].to(logp.device), x.logp.detach(), x.prox_logp)
         return decoupled_policy_loss(self.base, logp, prox[rows], old[rows], adv, mask, is_cap=self.is_cap,
                                      sequence_level=self.sequence_level, **kw)
 
