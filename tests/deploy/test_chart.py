@@ -33,6 +33,11 @@ def values_of(path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
+def policy_workloads(objs: list[dict]) -> list[dict]:
+    """The static workloads of the policies (StatefulSets labelled with a policy; not Redis's)."""
+    return [o for o in objs if o["kind"] == "StatefulSet" and "mutualrl.io/policy" in o["metadata"]["labels"]]
+
+
 def test_three_values_files_exist():
     assert {p.name for p in VALUES} >= {"cpu-tiny-values.yaml", "gpu-vllm-3-values.yaml",
                                         "kueue-external-redis-values.yaml"}
@@ -76,7 +81,7 @@ def test_every_rendered_object_is_valid(path):
 
 def test_objects_per_values_file():
     kinds = {p.name: sorted({o["kind"] for o in render(values_of(p))}) for p in VALUES}
-    assert "Deployment" in kinds["cpu-tiny-values.yaml"] and "Role" not in kinds["cpu-tiny-values.yaml"]
+    assert "StatefulSet" in kinds["cpu-tiny-values.yaml"] and "Role" not in kinds["cpu-tiny-values.yaml"]
     assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ClusterRole",
             "StatefulSet"} <= set(kinds["gpu-vllm-3-values.yaml"])
     kueue = kinds["kueue-external-redis-values.yaml"]
@@ -94,7 +99,7 @@ def test_rendered_experiment_passes_mutualrls_schema(path):
 
 def test_static_workloads_run_the_command_up_runs():
     objs = render(values_of(CHART / "ci" / "cpu-tiny-values.yaml"))
-    deployments = [o for o in objs if o["kind"] == "Deployment"]
+    deployments = policy_workloads(objs)
     assert len(deployments) == 4
     for d in deployments:
         labels = d["spec"]["template"]["metadata"]["labels"]
@@ -110,7 +115,7 @@ def test_the_collective_transport_points_every_policy_at_its_learners_weight_gro
     values = values_of(CHART / "ci" / "cpu-tiny-values.yaml")
     values["experiment"]["weights"] = {"transport": "collective", "port": 29650}
     objs = render(values)
-    for d in (o for o in objs if o["kind"] == "Deployment"):
+    for d in policy_workloads(objs):
         labels = d["spec"]["template"]["metadata"]["labels"]
         role, policy = labels["mutualrl.io/role"], labels["mutualrl.io/policy"]
         learner = next(o["metadata"]["name"] for o in objs if o["kind"] == "Service"
@@ -152,10 +157,11 @@ def test_bundled_redis_gives_every_pod_its_own_acl_identity(tmp_path):
     passwords = {k: base64.b64decode(v).decode() for k, v in users["data"].items()}
     policies = [p["name"] for p in values_of(CHART / "ci" / "cpu-tiny-values.yaml")["policies"]]
     assert set(passwords) == {"admin", "mwra.observer", *(f"{p}.{r}" for p in policies for r in ("rollout", "learner"))}
-    redis_pod = next(o for o in objs if o["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    redis_pod = next(o for o in objs if o["kind"] == "StatefulSet"
+                     and o["metadata"]["name"].endswith("-redis"))["spec"]["template"]["spec"]
     init = redis_pod["initContainers"][0]
     assert "--aclfile" in redis_pod["containers"][0]["args"]
-    for d in (o for o in objs if o["kind"] == "Deployment"):
+    for d in (o for o in objs if o["kind"] == "Deployment" or o in policy_workloads(objs)):
         env = {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
         labels = d["spec"]["template"]["metadata"]["labels"]
         who = "mwra.observer"
@@ -198,18 +204,18 @@ def test_static_pods_hold_their_own_signing_key_and_only_their_sources(tmp_path)
     assert set(values) == {f"{p}.{r}" for p in policies for r in ("rollout",
         "learner")} and len(set(values.values())) == len(values)
     rings = {}
-    deployments = [o for o in objs if o["kind"] == "Deployment"]
-    for d in (o for o in deployments if "mutualrl.io/policy" in o["spec"]["template"]["metadata"]["labels"]):
+    for d in policy_workloads(objs):
         labels = d["spec"]["template"]["metadata"]["labels"]
         policy, role = labels["mutualrl.io/policy"], labels["mutualrl.io/role"]
         env = d["spec"]["template"]["spec"]["containers"][0]["env"]
         assert "MUTUALRL_HMAC_KEY" not in {e["name"] for e in env}
         resolved: dict[str, str] = {}
         for e in env:  # the kubelet's expansion: secretKeyRef values, then $(VAR) in later values
-            if "valueFrom" in e and e["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]:
+            ref = e.get("valueFrom", {}).get("secretKeyRef", {})
+            if ref.get("name") == secret["metadata"]["name"]:
                 resolved[e["name"]] = values[e["valueFrom"]["secretKeyRef"]["key"]]
             elif "value" in e:
-                resolved[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: resolved[m.group(1)], e["value"])
+                resolved[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: resolved.get(m.group(1), m.group(0)), e["value"])
         keys = parse_keys(resolved["MUTUALRL_SEE_KEYS"])
         expected = {f"{policy}.{role}", f"{policy}.learner"} if role == "rollout" else {f"{policy}.learner",
             *(f"{q}.rollout" for q in policies)}

@@ -1,10 +1,82 @@
 {{/* Names, labels and the pieces every template shares. */}}
 
+{{/* A DNS-1123 label from a list of parts: lower case, runs of other characters as "-", and a name longer
+     than 63 characters cut to 54 plus a hash of the whole, so long names with a common prefix stay apart
+     (MWRA's `dns_name` makes the same names). */}}
+{{- define "mutualrl.dnsName" -}}
+{{- $s := regexReplaceAll "[^a-z0-9-]+" (lower (join "-" .)) "-" | trimAll "-" -}}
+{{- if gt (len $s) 63 -}}
+{{- printf "%s-%s" (regexReplaceAll "-+$" (trunc 54 $s) "") (sha256sum $s | trunc 8) -}}
+{{- else -}}{{ $s }}{{- end -}}
+{{- end -}}
+
+{{/* The release's base name: 40 characters at most (room for "-<policy>-<role>"), with a hash when cut. */}}
 {{- define "mutualrl.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
-{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- $s := ternary .Release.Name (printf "%s-%s" .Release.Name .Chart.Name) (contains .Chart.Name .Release.Name) -}}
+{{- if gt (len $s) 40 -}}
+{{- printf "%s-%s" (regexReplaceAll "-+$" (trunc 31 $s) "") (sha256sum $s | trunc 8) -}}
+{{- else -}}{{ $s }}{{- end -}}
+{{- end -}}
+
+{{/* The name of one policy role's objects. Call with (dict "root" $ "policy" "<name>" "role" "<role>"). */}}
+{{- define "mutualrl.roleName" -}}
+{{- include "mutualrl.dnsName" (list (include "mutualrl.fullname" .root) .policy .role) -}}
+{{- end -}}
+
+{{/* The run id the controller gives the chart's experiment (its pods' mutualrl.io/run label). */}}
+{{- define "mutualrl.runId" -}}
+{{- .Values.experiment.name | lower | replace "_" "-" | replace "." "-" | trunc 40 -}}
+{{- end -}}
+
+{{/* The policy's state PVC (checkpoints, learner state, the rollout ledger). Call with (dict "root" $ "policy"
+     "<name>"). */}}
+{{- define "mutualrl.stateClaim" -}}
+{{- include "mutualrl.dnsName" (list (include "mutualrl.fullname" .root) .policy "state") -}}
+{{- end -}}
+
+{{/* Where and how one policy's pods run, as the experiment file's policies[].kubernetes (snake case): the one
+     source both the static workloads and MWRA's gangs are built from. Call with (dict "root" $ "p" <policy>). */}}
+{{- define "mutualrl.podConfig" -}}
+{{- $p := .p -}}
+{{- $eng := default dict $p.engine -}}
+{{- $out := dict "resources" (default dict $p.resources) "engine_resources" (default dict $eng.resources) "engine_shm_size" (default "16Gi" $eng.shmSize) "node_selector" (default dict $p.nodeSelector) "tolerations" (default list $p.tolerations) "affinity" (default dict $p.affinity) -}}
+{{- with $p.runtimeClassName }}{{ $_ := set $out "runtime_class_name" . }}{{ end -}}
+{{- with (default .root.Values.priorityClassName $p.priorityClassName) }}{{ $_ := set $out "priority_class_name" . }}{{ end -}}
+{{- $probes := dict -}}
+{{- range $name, $d := dict "startup" (list 10 90) "readiness" (list 10 3) "liveness" (list 20 6) -}}
+{{- $v := default dict (get (default dict $p.probes) $name) -}}
+{{- $_ := set $probes $name (dict "period_s" (int (default (index $d 0) $v.periodSeconds)) "failure_threshold" (int (default (index $d 1) $v.failureThreshold))) -}}
+{{- end -}}
+{{- $_ := set $out "probes" $probes -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* The policy's GPUs and checks that they fit its engine: (dict "rollout" <per replica> "learner" <n>). Call with
+     a policy. */}}
+{{- define "mutualrl.policyGpus" -}}
+{{- $r := default dict .rollout -}}
+{{- $tp := int (default 1 $r.tensorParallel) -}}
+{{- $external := ne .engine.backend "hf" -}}
+{{- $rg := int (ternary (default $tp $r.gpus) (default 0 $r.gpus) $external) -}}
+{{- if and $external (eq $rg 0) -}}
+{{- fail (printf "policies[%s]: engine.backend %s serves on GPUs, but rollout.gpus is 0 (use engine.backend hf on CPU)" .name .engine.backend) -}}
+{{- end -}}
+{{- if and (gt $rg 0) (ne $rg $tp) -}}
+{{- fail (printf "policies[%s]: rollout.gpus %d per replica must equal rollout.tensorParallel %d (one tensor-parallel group per replica; add replicas for more)" .name $rg $tp) -}}
+{{- end -}}
+{{- if and (not $external) (gt $tp 1) -}}
+{{- fail (printf "policies[%s]: rollout.tensorParallel %d needs engine.backend vllm or sglang (the hf engine runs on one device)" .name $tp) -}}
+{{- end -}}
+{{- toYaml (dict "rollout" $rg "learner" (int (dig "gpus" 0 (default dict .learner)))) -}}
+{{- end -}}
+
+{{/* Fails on values the schema cannot check: policy names must be unique. */}}
+{{- define "mutualrl.checkPolicies" -}}
+{{- $seen := dict -}}
+{{- range .Values.policies -}}
+{{- if hasKey $seen .name }}{{ fail (printf "policies: the name %q is used twice; policy names must be unique" .name) }}{{ end -}}
+{{- $_ := set $seen .name true -}}
+{{- $_ := include "mutualrl.policyGpus" . -}}
 {{- end -}}
 {{- end -}}
 
@@ -25,18 +97,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default (printf "%s-cuda" .Chart.AppVersion) .Values.image.tag) -}}
 {{- end -}}
 
-{{/* The gang backend: the configured one, or for `auto` the first the cluster serves. */}}
-{{- define "mutualrl.gang" -}}
-{{- $g := .Values.mwra.gang -}}
-{{- if eq $g "auto" -}}
-{{- if .Capabilities.APIVersions.Has "kueue.x-k8s.io/v1beta1" -}}kueue
-{{- else if .Capabilities.APIVersions.Has "scheduling.run.ai/v2alpha2" -}}kai
-{{- else if .Capabilities.APIVersions.Has "scheduling.volcano.sh/v1beta1" -}}volcano
-{{- else if .Capabilities.APIVersions.Has "scheduling.k8s.io/v1alpha2" -}}native
-{{- else -}}mwra
-{{- end -}}
-{{- else -}}{{ $g }}{{- end -}}
-{{- end -}}
+{{/* The gang backend as configured; `auto` is decided by the controller when it starts, from the API groups the
+     cluster serves then (a render has no cluster to ask: `helm template`, GitOps). */}}
+{{- define "mutualrl.gang" -}}{{ .Values.mwra.gang }}{{- end -}}
 
 {{- define "mutualrl.hmacSecret" -}}{{ default (printf "%s-hmac" (include "mutualrl.fullname" .)) .Values.hmac.existingSecret }}{{- end -}}
 {{- define "mutualrl.apiSecret" -}}{{ default (printf "%s-api" (include "mutualrl.fullname" .)) .Values.api.existingSecret }}{{- end -}}
@@ -95,6 +158,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The experiment file: the values' experiment, policies, broker and MWRA settings. */}}
 {{- define "mutualrl.experiment" -}}
+{{- $root := . -}}
 {{- $exp := deepCopy .Values.experiment -}}
 {{- $pols := list -}}
 {{- range .Values.policies -}}
@@ -106,9 +170,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $eng := dict "backend" .engine.backend "device" (ternary "cuda" "cpu" (gt $learnerGpus 0)) -}}
 {{- if ne .engine.backend "hf" }}{{ $_ := set $eng "url" "http://127.0.0.1:8000" }}{{ end -}}
 {{- if hasKey .engine "temperature" }}{{ $_ := set $eng "temperature" .engine.temperature }}{{ end -}}
+{{- if hasKey .engine "topK" }}{{ $_ := set $eng "top_k" .engine.topK }}{{ end -}}
+{{- if hasKey .engine "topP" }}{{ $_ := set $eng "top_p" .engine.topP }}{{ end -}}
 {{- $_ := set $p "engine" $eng -}}
 {{- $r := default dict .rollout -}}
 {{- $res := dict "rollout_tp" (int (default 1 $r.tensorParallel)) "rollout_replicas" (int (default 1 $r.replicas)) "learner_gpus" (max 1 $learnerGpus) -}}
+{{- $_ := set $p "kubernetes" (include "mutualrl.podConfig" (dict "root" $root "p" .) | fromYaml) -}}
 {{- if .engine.image }}{{ $_ := set $res "engine_image" .engine.image }}{{ end -}}
 {{- if .engine.args }}{{ $_ := set $res "engine_args" .engine.args }}{{ end -}}
 {{- $_ := set $p "resources" $res -}}
@@ -119,6 +186,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $exp "launcher" (merge (dict "host" "0.0.0.0") (default dict $exp.launcher)) -}}
 {{- $k8s := dict "namespace" .Release.Namespace "image" (include "mutualrl.image" .) "gang" (include "mutualrl.gang" .) "queue" .Values.mwra.queue "admission_timeout_s" .Values.mwra.admissionTimeoutSeconds "weights_claim" (include "mutualrl.weightsClaim" .) "hmac_secret" (include "mutualrl.hmacSecret" .) "redis_url_secret" (include "mutualrl.redisSecret" .) -}}
 {{- if .Values.redis.bundled }}{{ $_ := set $k8s "redis_users_secret" (include "mutualrl.redisUsersSecret" .) }}{{ end -}}
+{{- $_ := set $k8s "models" (include "mutualrl.modelsConfig" . | fromYaml) -}}
+{{- if .Values.state.enabled -}}
+{{- $claims := dict -}}
+{{- range $pol := .Values.policies }}{{ range $role := list "rollout" "learner" }}{{ $_ := set $claims (printf "%s.%s" $pol.name $role) (include "mutualrl.stateClaim" (dict "root" $root "policy" $pol.name)) }}{{ end }}{{ end -}}
+{{- $_ := set $k8s "state_claims" $claims -}}
+{{- end -}}
+{{- with .Values.imagePullSecrets }}{{ $_ := set $k8s "image_pull_secrets" (pluck "name" .) }}{{ end -}}
 {{- $_ := set $exp "mwra" (dict "backend" "kubernetes" "min_gain" .Values.mwra.minGain "move_cost_s" .Values.mwra.moveCostSeconds "kubernetes" $k8s) -}}
 {{- toYaml $exp -}}
 {{- end -}}
@@ -135,4 +209,64 @@ seccompProfile: {type: RuntimeDefault}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 capabilities: {drop: [ALL]}
+{{- end -}}
+
+{{/* The model volume as the experiment file's mwra.kubernetes.models. */}}
+{{- define "mutualrl.modelsConfig" -}}
+{{- $m := .Values.models -}}
+{{- $out := dict "hf_home" $m.hfHome -}}
+{{- with $m.existingClaim }}{{ $_ := set $out "claim" . }}{{ end -}}
+{{- with $m.hostPath }}{{ $_ := set $out "host_path" . }}{{ end -}}
+{{- with $m.hfTokenSecret }}{{ $_ := set $out "hf_token_secret" . }}{{ end -}}
+{{- if (dig "download" "image" "" $m) }}{{ $_ := set $out "download" (dict "image" $m.download.image "command" $m.download.command) }}{{ end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* Requests and limits with `gpus` NVIDIA GPUs added (an extended resource's request equals its limit), as
+     MWRA's service_resources adds them. Call with (dict "resources" <requests/limits> "gpus" <n>). */}}
+{{- define "mutualrl.withGpus" -}}
+{{- $out := dict -}}
+{{- range $part := list "requests" "limits" -}}
+{{- $amounts := deepCopy (default dict (get $.resources $part)) -}}
+{{- if gt (int $.gpus) 0 }}{{ $_ := set $amounts "nvidia.com/gpu" (toString $.gpus) }}{{ end -}}
+{{- if $amounts }}{{ $_ := set $out $part $amounts }}{{ end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* HF_HOME on the model volume, and HF_TOKEN from its Secret when one is named. */}}
+{{- define "mutualrl.modelsEnv" -}}
+- {name: HF_HOME, value: {{ .Values.models.hfHome | quote }}}
+{{- with .Values.models.hfTokenSecret }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ . }}, key: token}
+{{- end }}
+{{- end -}}
+
+{{/* The `models` volume: the PVC, the node directory, or a per-pod emptyDir (filled by the download, if any). */}}
+{{- define "mutualrl.modelsVolume" -}}
+- name: models
+{{- if .Values.models.existingClaim }}
+  persistentVolumeClaim: {claimName: {{ .Values.models.existingClaim }}, readOnly: {{ not (dig "download" "image" "" .Values.models) }}}
+{{- else if .Values.models.hostPath }}
+  hostPath: {path: {{ .Values.models.hostPath }}, type: Directory}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end -}}
+
+{{/* The init container that fills the model volume, when models.download names an image. */}}
+{{- define "mutualrl.modelDownload" -}}
+{{- if (dig "download" "image" "" .Values.models) }}
+initContainers:
+  - name: models
+    image: {{ .Values.models.download.image }}
+    command: {{- toYaml .Values.models.download.command | nindent 6 }}
+    env: {{- include "mutualrl.modelsEnv" . | nindent 6 }}
+    securityContext: {{- include "mutualrl.containerSecurityContext" . | nindent 6 }}
+    volumeMounts:
+      - {name: models, mountPath: /models}
+      - {name: tmp, mountPath: /tmp}
+{{- end }}
 {{- end -}}

@@ -9,12 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-
-class _Strict(BaseModel):
-    # Unknown keys are errors: a typo such as `learning_rate` must not be ignored silently.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from mutualrl.config.kubernetes import KubernetesConfig, PodConfig
+from mutualrl.config.strict import Strict as _Strict
 
 
 class ModelConfig(_Strict):
@@ -166,6 +164,8 @@ class PolicyConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    kubernetes: PodConfig = Field(default_factory=PodConfig, description="How its pods run on Kubernetes (static "
+                                  "workloads and MWRA's gangs).")
     init_seed: Optional[int] = Field(
         None, description="Seed of this policy's initial weights and warm start (built models); default: the "
                           "experiment's base_seed (else seed) plus the policy's index. Pins a starting point when "
@@ -586,30 +586,6 @@ class LauncherConfig(_Strict):
         if bool(self.grpc_tls_cert) != bool(self.grpc_tls_key):
             raise ValueError("launcher.grpc_tls_cert and launcher.grpc_tls_key go together")
         return self
-
-
-class KubernetesConfig(_Strict):
-    """MWRA's kubernetes backend (`mutualrl controller`)."""
-
-    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-                           description="Namespace the policy gangs run in.")
-    image: str = Field("ghcr.io/mutualrl/mutualrl:0.1.0-cuda", description="Image of the rollout and learner pods.")
-    gang: Literal["auto", "kueue", "kai", "volcano", "native", "mwra"] = Field(
-        "auto",
-        description="Gang backend; auto discovers the served API groups in the order kueue, kai, volcano, native, "
-                    "else MWRA's own admission.")
-    queue: str = Field("mutualrl", description="Kueue LocalQueue / KAI or Volcano queue name.")
-    admission_timeout_s: float = Field(600.0, gt=0, description="mwra gang backend: evict and requeue a gang not "
-                                       "running within this time.")
-    redis_url: Optional[str] = Field(None, description="Broker URL the pods use.")
-    redis_url_secret: Optional[str] = Field(None, description="Secret with key `redis-url` the pods read the broker "
-                                            "URL from (the Helm chart sets it).")
-    redis_users_secret: Optional[str] = Field(None, description="Secret with one Redis password per `<policy>.<role>` "
-                                              "key: each pod's own ACL identity (the Helm chart "
-                                              "sets it).")
-    weights_claim: Optional[str] = Field(None, description="ReadWriteMany PVC mounted at /weights in every pod.")
-    hmac_secret: Optional[str] = Field(None, description="Secret with key `hmac-key`, exposed to pods as "
-                                       "MUTUALRL_HMAC_KEY.")
 
 
 class MwraConfig(_Strict):

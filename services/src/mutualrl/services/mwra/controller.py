@@ -111,17 +111,8 @@ class Controller:
             if exp_id is not None and exp_id in self.experiments:
                 return self.experiments[exp_id]
             plan = self.dry_run(cfg)
-            k = cfg.mwra.kubernetes
             exp_id = exp_id or f"{cfg.name.lower().replace('_', '-').replace('.', '-')[:40]}-{uuid.uuid4().hex[:6]}"
-            spec = RunSpec(exp_id, yaml_text, k.namespace, k.image, k.queue, k.redis_url, k.redis_url_secret,
-                           k.weights_claim, k.hmac_secret,
-                           {p.name: {"cpu": p.resources.cpu, "memory": p.resources.memory} for p in cfg.policies},
-                           {p.name: {"backend": p.engine.backend, "model": p.model.path or "",
-                                     "tp": p.resources.rollout_tp,
-                                     "image": p.resources.engine_image, "args": list(p.resources.engine_args)}
-                            for p in cfg.policies if p.engine.backend != "hf"},
-                           redis_users_secret=k.redis_users_secret, see_keys=run_see_keys(cfg),
-                           weights_port=cfg.weights.port if cfg.weights.transport == "collective" else None)
+            spec = RunSpec.from_config(exp_id, yaml_text, cfg, run_see_keys(cfg))
             exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan,
                              measured=MeasuredCosts(alpha=cfg.mwra.ema_alpha),
                              schedule=ReplanSchedule(cfg.mwra.min_gain, self.calibration_gain))

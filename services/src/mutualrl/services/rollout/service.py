@@ -22,6 +22,7 @@ from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.policy_setup import prepare_policy, prompt_style
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
+from mutualrl.runtime.shard import shard_from_env
 from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
 from mutualrl.services.rollout.metrics import RolloutMetrics
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
@@ -110,11 +111,13 @@ def run_rollout_service(args: ServiceArgs) -> int:
     ops = OpsServer(registry, health, cfg.launcher.host, args.ops_port).start()
     worker = make_worker(cfg, pp, engine, ctx.exchange, ctx.verifier)
     distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
-    ledger_path = ctx.state_dir / f"{p.name}.rollout.ledger.jsonl"
+    shard = shard_from_env()  # replica i of n samples prompts i, i+n, ... of every step
+    ledger_path = ctx.state_dir / f"{p.name}.rollout{shard.suffix}.ledger.jsonl"
     step = _resume_step(ctx.last_step("learner"), ledger_path, cfg.async_.pipelined)
     ledger = ledger_path.open("a")
     ahead = cfg.async_.max_staleness
-    log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step}})
+    log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step,
+                                          "replica": f"{shard.index + 1} of {shard.count}"}})
     follower = WeightsFollower(p.name, ctx.exchange, store, engine.update_weights,
                                lambda: engine.info().weights_version, collective=collective,
                                log=log, on_loaded=lambda v: servicer.metrics.version.labels(p.name, "rollout").set(v),
@@ -129,7 +132,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
                 break
             # crash tests: the weights are loaded, nothing sampled
             fault_point("rollout_before_sample", step, ctx.state_dir, p.name)
-            res = worker.run_step(step, distributor.batch(step))
+            res = worker.run_step(step, shard.take(distributor.batch(step)))
             _report_step(ctx, p.name, step, res, res.weights_version, ledger, metrics, log)
             state["step"] = step
             step += 1

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from typing_extensions import override
 
+from mutualrl.config.kubernetes import ModelsConfig, PodConfig
 from mutualrl.services.mwra.planner import Node, Plan
 
 
@@ -32,6 +33,29 @@ class RunSpec:
     see_keys: dict[str, str] = field(default_factory=dict)
     # the collective weights transport: the port each learner hosts its weight group on (None: filesystem)
     weights_port: int | None = None
+    # policy -> where and how its pods run (resources, node selection, probes); a policy not named gets defaults
+    pods: dict[str, PodConfig] = field(default_factory=dict)
+    # the model volume at /models, HF_HOME and the HF token
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    # "<policy>.<role>" -> the PVC at /data (checkpoints, learner state, the rollout ledger)
+    state_claims: dict[str, str] = field(default_factory=dict)
+    image_pull_secrets: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, run: str, yaml_text: str, cfg, see_keys: dict[str, str]) -> "RunSpec":
+        """The spec of an experiment (an ``ExperimentConfig``) as its file's Kubernetes sections say."""
+        k = cfg.mwra.kubernetes
+        return cls(
+            run, yaml_text, k.namespace, k.image, k.queue, k.redis_url, k.redis_url_secret, k.weights_claim,
+            k.hmac_secret, resources={p.name: {"cpu": p.resources.cpu, "memory": p.resources.memory}
+                                      for p in cfg.policies},
+            engines={p.name: {"backend": p.engine.backend, "model": p.model.path or "", "tp": p.resources.rollout_tp,
+                              "image": p.resources.engine_image, "args": list(p.resources.engine_args)}
+                     for p in cfg.policies if p.engine.backend != "hf"},
+            redis_users_secret=k.redis_users_secret, see_keys=see_keys,
+            weights_port=cfg.weights.port if cfg.weights.transport == "collective" else None,
+            pods={p.name: p.kubernetes for p in cfg.policies}, models=k.models, state_claims=dict(k.state_claims),
+            image_pull_secrets=tuple(k.image_pull_secrets))
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,12 @@ run deletes everything. The gang backend adds its own grouping:
 
 from __future__ import annotations
 
+import hashlib
 import re
 
+from mutualrl.config.kubernetes import PodConfig
 from mutualrl.runtime.serve_args import serve_argv
+from mutualrl.runtime.shard import REPLICA_ENV, REPLICAS_ENV
 from mutualrl.see.identity import SEE_KEYS_ENV, key_env, services_read
 from mutualrl.services.mwra.backends.base import RunSpec
 from mutualrl.services.mwra.planner import Allocation
@@ -36,9 +39,12 @@ GROUP_VERSIONS = {
 
 
 def dns_name(*parts: str) -> str:
-    """A DNS-1123 label (63 characters at most) from the parts."""
+    """A DNS-1123 label (63 characters at most) from the parts. A name that must be cut keeps a hash of the
+    whole, so two long names that share a prefix stay apart (the chart's ``mutualrl.name`` does the same)."""
     s = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
-    return s[:63].rstrip("-")
+    if len(s) <= 63:
+        return s
+    return f"{s[:54].rstrip('-')}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
 
 
 def labels(spec: RunSpec, policy: str, role: str | None, generation: int) -> dict[str, str]:
@@ -141,54 +147,157 @@ def _env(spec: RunSpec, policy: str, role: str) -> list[dict]:
             *see_key_env(spec, policy, role), *identity]
 
 
+SERVICE_PROBES = {"startup": "startupProbe", "readiness": "readinessProbe", "liveness": "livenessProbe"}
+READ_ONLY_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                       "capabilities": {"drop": ["ALL"]}}
+ENGINE_HOME = "/tmp"  # the engines' caches (torch compile, triton, HF) under a writable emptyDir
+
+
+def _pod_config(spec: RunSpec, policy: str) -> PodConfig:
+    return spec.pods.get(policy) or PodConfig()
+
+
+def _with_gpus(resources: dict, gpus: int) -> dict:
+    """Requests and limits with ``gpus`` NVIDIA GPUs added (an extended resource's request equals its limit)."""
+    out = {part: dict(resources.get(part, {})) for part in ("requests", "limits")}
+    if gpus > 0:
+        for part in out:
+            out[part]["nvidia.com/gpu"] = str(gpus)
+    return {part: {k: str(v) for k, v in amounts.items()} for part, amounts in out.items() if amounts}
+
+
+def service_resources(spec: RunSpec, policy: str, gpus: int) -> dict:
+    """The rollout or learner container's resources: the policy's ``kubernetes.resources`` when set, else its
+    ``resources.cpu``/``memory`` (the memory also as the limit), plus its GPUs."""
+    cfg = _pod_config(spec, policy)
+    if cfg.resources:
+        return _with_gpus(cfg.resources, gpus)
+    res = spec.resources.get(policy, {})
+    mem = str(res.get("memory", "16Gi"))
+    return _with_gpus({"requests": {"cpu": str(res.get("cpu", 4)), "memory": mem}, "limits": {"memory": mem}}, gpus)
+
+
+def probes(cfg: PodConfig, port: str) -> dict:
+    """The startup, readiness and liveness probes of a service's ops port."""
+    return {key: {"httpGet": {"path": "/healthz", "port": port}, "periodSeconds": p.period_s,
+                  "failureThreshold": p.failure_threshold}
+            for name, key in SERVICE_PROBES.items() for p in [getattr(cfg.probes, name)]}
+
+
+def models_env(spec: RunSpec) -> list[dict]:
+    """HF_HOME under the model volume, and HF_TOKEN from its Secret when one is named."""
+    env = [{"name": "HF_HOME", "value": spec.models.hf_home}]
+    if spec.models.hf_token_secret:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": spec.models.hf_token_secret,
+                                                                       "key": "token", "optional": False}}})
+    return env
+
+
+def volumes(spec: RunSpec, policy: str, role: str, owner: dict) -> list[dict]:
+    """The pod's volumes: the experiment, the weights, its state (a PVC when the run names one), /tmp, the models."""
+    claim = spec.weights_claim
+    state = spec.state_claims.get(f"{policy}.{role}")
+    m = spec.models
+    if m.claim:
+        models = {"persistentVolumeClaim": {"claimName": m.claim, "readOnly": not m.download}}
+    elif m.host_path:
+        models = {"hostPath": {"path": m.host_path, "type": "Directory"}}
+    else:
+        models = {"emptyDir": {}}
+    out = [
+        {"name": "config", "configMap": {"name": owner["name"]}},
+        {"name": "weights", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
+        {"name": "data", **({"persistentVolumeClaim": {"claimName": state}} if state else {"emptyDir": {}})},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "models", **models},
+    ]
+    return out
+
+
+def service_mounts(role: str, index: int) -> list[dict]:
+    """Where a service finds its volumes; each pod's state is its own directory of the role's state volume."""
+    return [{"name": "config", "mountPath": "/etc/mutualrl", "readOnly": True},
+            {"name": "weights", "mountPath": "/weights"},
+            {"name": "data", "mountPath": "/data", "subPath": f"{role}-{index}"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "models", "mountPath": "/models", "readOnly": True}]
+
+
+def placement(cfg: PodConfig, node: str = "") -> dict:
+    """Node selection, tolerations, affinity, runtime and priority class of a policy's pods; ``node`` pins the pod
+    where MWRA's own admission placed it."""
+    out: dict = {}
+    selector = dict(cfg.node_selector) | ({"kubernetes.io/hostname": node} if node else {})
+    if selector:
+        out["nodeSelector"] = selector
+    if cfg.tolerations:
+        out["tolerations"] = [dict(t) for t in cfg.tolerations]
+    if cfg.affinity:
+        out["affinity"] = dict(cfg.affinity)
+    if cfg.runtime_class_name:
+        out["runtimeClassName"] = cfg.runtime_class_name
+    if cfg.priority_class_name:
+        out["priorityClassName"] = cfg.priority_class_name
+    return out
+
+
+def model_download(spec: RunSpec) -> list[dict]:
+    """The init container that fills the model volume, when the run names one."""
+    d = spec.models.download
+    if d is None:
+        return []
+    return [{"name": "models", "image": d.image, "command": list(d.command), "env": models_env(spec),
+             "securityContext": READ_ONLY_CONTAINER,
+             "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}]}]
+
+
+def service_container(spec: RunSpec, policy: str, role: str, index: int, gpus: int, replicas: int = 1) -> dict:
+    """The rollout or learner service: ``mutualrl serve`` with its environment, ports, probes and resources; rollout
+    replica ``index`` of ``replicas`` samples its share of every step (``mutualrl.runtime.shard``)."""
+    shard = [{"name": REPLICA_ENV, "value": str(index)},
+             {"name": REPLICAS_ENV, "value": str(replicas)}] if role == "rollout" else []
+    return {
+        "name": role,
+        "image": spec.image,
+        "command": _command(spec, policy, role),
+        "env": [*_env(spec, policy, role), *shard, *models_env(spec), {"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "ports": [{"name": n, "containerPort": p} for n, p in role_ports(spec, role)],
+        "resources": service_resources(spec, policy, gpus),
+        **probes(_pod_config(spec, policy), "ops"),
+        "securityContext": READ_ONLY_CONTAINER,
+        "volumeMounts": service_mounts(role, index),
+    }
+
+
 def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, generation: int, gang: str, backend: str,
         owner: dict, node: str = "") -> dict:
     """One service's pod, with the gang scheduler's labels, annotations or scheduler name for ``backend``."""
-    res = spec.resources.get(alloc.policy, {})
+    cfg = _pod_config(spec, alloc.policy)
     meta_labels = labels(spec, alloc.policy, role, generation)
-    claim = spec.weights_claim
-    weights_volume = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     annotations: dict[str, str] = {}
+    engine = spec.engines.get(alloc.policy)
+    sidecar = role == "rollout" and bool(engine) and engine.get("backend") in ("vllm", "sglang")
     pod_spec: dict = {
         "restartPolicy": "Never",
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{
-            "name": role,
-            "image": spec.image,
-            "command": _command(spec, alloc.policy, role),
-            "env": _env(spec, alloc.policy, role),
-            "ports": [{"name": n, "containerPort": p} for n, p in role_ports(spec, role)],
-            "resources": {
-                "requests": {"cpu": str(res.get("cpu", 4)), "memory": str(res.get("memory", "16Gi")),
-                             "nvidia.com/gpu": str(gpus)},
-                "limits": {"memory": str(res.get("memory", "16Gi")), "nvidia.com/gpu": str(gpus)},
-            },
-            "readinessProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 10},
-            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 20,
-                              "failureThreshold": 6},
-            "startupProbe": {"httpGet": {"path": "/healthz", "port": "ops"}, "periodSeconds": 10,
-                             "failureThreshold": 90},
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-            "volumeMounts": [{"name": "config", "mountPath": "/etc/mutualrl", "readOnly": True},
-                             {"name": "weights", "mountPath": "/weights"},
-                             {"name": "data", "mountPath": "/data"}],
-        }],
-        "volumes": [
-            {"name": "config", "configMap": {"name": owner["name"]}},
-            {"name": "weights", **weights_volume},
-            {"name": "data", "emptyDir": {}},
-        ],
+        "initContainers": model_download(spec),
+        # the engine server is a sidecar holding the GPUs; the rollout service talks to it on localhost
+        "containers": [service_container(spec, alloc.policy, role, index, 0 if sidecar else gpus,
+                                         replicas=sum(1 for m in members(alloc) if m[0] == "rollout"))],
+        "volumes": volumes(spec, alloc.policy, role, owner),
         "subdomain": dns_name(spec.run, alloc.policy, role),
         "hostname": dns_name(role, str(index)),
+        **placement(cfg, node if backend == "mwra" else ""),  # MWRA's own admission placed it on this node
     }
-    engine = spec.engines.get(alloc.policy)
-    if role == "rollout" and engine and engine.get("backend") in ("vllm", "sglang"):
-        # the engine server is a sidecar on the GPUs; the rollout service talks to it on localhost
-        ours = pod_spec["containers"][0]["resources"]
-        for part in ("requests", "limits"):
-            ours[part].pop("nvidia.com/gpu", None)
-        pod_spec["containers"].append(engine_container(engine, gpus))
+    if not pod_spec["initContainers"]:
+        del pod_spec["initContainers"]
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    if sidecar:
+        pod_spec["containers"].append(engine_container(engine, gpus, cfg, spec))
+        pod_spec["volumes"].append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.engine_shm_size}})
     total = len(members(alloc))
     if backend == "kueue":
         meta_labels["kueue.x-k8s.io/queue-name"] = spec.queue
@@ -203,8 +312,6 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
         pod_spec["schedulerName"] = "volcano"
     elif backend == "native":
         pod_spec["schedulingGroup"] = {"podGroupName": gang}
-    elif backend == "mwra" and node:
-        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}  # MWRA admitted it onto this node
     meta = {"name": dns_name(spec.run, alloc.policy, role, str(index)), "namespace": spec.namespace,
             "labels": meta_labels, "ownerReferences": [owner]}
     if annotations:
@@ -212,26 +319,39 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
-def engine_container(engine: dict, gpus: int) -> dict:
-    """vLLM or SGLang serving the policy's model on the rollout GPUs, with the weight-reload
-    routes the rollout adapters call (docs/mwra.md, "Backends")."""
+def engine_argv(engine: dict) -> list[str]:
+    """The engine server's arguments: the model, port 8000, tensor parallelism, the weight-reload mode, metrics."""
     model, tp, extra = engine.get("model", ""), str(engine.get("tp", 1)), list(engine.get("args", []))
+    if engine["backend"] == "vllm":  # vLLM serves /metrics by default
+        return ["--model", model, "--port", "8000", "--tensor-parallel-size", tp, "--enable-sleep-mode", *extra]
+    return ["--model-path", model, "--port", "8000", "--tp-size", tp, "--enable-memory-saver", "--enable-metrics",
+            *extra]
+
+
+def engine_container(engine: dict, gpus: int, cfg: PodConfig | None = None, spec: RunSpec | None = None) -> dict:
+    """vLLM or SGLang serving the policy's model on the rollout GPUs, with the weight-reload
+    routes the rollout adapters call (docs/mwra.md, "Backends") and its Prometheus metrics on the
+    ``engine`` port."""
+    cfg = cfg or PodConfig()
+    env = [{"name": "HOME", "value": ENGINE_HOME}, {"name": "XDG_CACHE_HOME", "value": f"{ENGINE_HOME}/.cache"}]
+    env += models_env(spec) if spec is not None else []
     if engine["backend"] == "vllm":
-        c = {"name": "engine", "image": engine.get("image") or "vllm/vllm-openai:v0.10.2",
-             "args": ["--model", model, "--port", "8000", "--tensor-parallel-size", tp, "--enable-sleep-mode", *extra],
-             "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}
+        c = {"name": "engine", "image": engine.get("image") or "vllm/vllm-openai:v0.10.2", "args": engine_argv(engine),
+             "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}, *env]}
     else:
         c = {"name": "engine", "image": engine.get("image") or "lmsysorg/sglang:v0.5.2",
-             "command": ["python3", "-m", "sglang.launch_server"],
-             "args": ["--model-path", model, "--port", "8000", "--tp-size", tp, "--enable-memory-saver", *extra]}
+             "command": ["python3", "-m", "sglang.launch_server"], "args": engine_argv(engine), "env": env}
+    health = {"httpGet": {"path": "/health", "port": "engine"}}
     c.update({
         "ports": [{"name": "engine", "containerPort": 8000}],
-        "startupProbe": {"httpGet": {"path": "/health", "port": "engine"}, "periodSeconds": 10,
-                         "failureThreshold": 120},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "engine"}, "periodSeconds": 10},
-        "resources": {"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "weights", "mountPath": "/weights"}],
+        "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 120},
+        "readinessProbe": {**health, "periodSeconds": 10},
+        "livenessProbe": {**health, "periodSeconds": 20, "failureThreshold": 6},
+        "resources": _with_gpus(cfg.engine_resources, gpus),
+        "securityContext": READ_ONLY_CONTAINER,
+        "volumeMounts": [{"name": "weights", "mountPath": "/weights"}, {"name": "tmp", "mountPath": "/tmp"},
+                         {"name": "models", "mountPath": "/models", "readOnly": True},
+                         {"name": "shm", "mountPath": "/dev/shm"}],
     })
     return c
 
@@ -239,13 +359,16 @@ def engine_container(engine: dict, gpus: int) -> dict:
 def headless_service(spec: RunSpec, policy: str, role: str, generation: int, owner: dict) -> dict:
     """A policy role's headless Service: stable DNS names for its pods."""
     sel = {"mutualrl.io/run": spec.run, "mutualrl.io/policy": policy, "mutualrl.io/role": role}
+    ports = role_ports(spec, role)
+    if role == "rollout" and spec.engines.get(policy, {}).get("backend") in ("vllm", "sglang"):
+        ports = [*ports, ("engine", 8000)]  # the sidecar's own metrics, for the ServiceMonitor
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": dns_name(spec.run, policy, role), "namespace": spec.namespace,
                      "labels": labels(spec, policy, role, generation),
                      "ownerReferences": [owner]},
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": sel,
-                 "ports": [{"name": n, "port": p, "targetPort": n} for n, p in role_ports(spec, role)]},
+                 "ports": [{"name": n, "port": p, "targetPort": n} for n, p in ports]},
     }
 
 
