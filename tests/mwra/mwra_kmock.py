@@ -29,15 +29,34 @@ GANG_GROUPS = {
 }
 
 
+# what a Helm install creates besides the controller's objects (the chart test feeds them all in)
+CHART_RESOURCES = [
+    ("", "v1", "secrets", "Secret", True), ("", "v1", "serviceaccounts", "ServiceAccount", True),
+    ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True),
+    ("apps", "v1", "deployments", "Deployment", True), ("apps", "v1", "statefulsets", "StatefulSet", True),
+    ("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+    ("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True),
+    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    ("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor", True),
+    ("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor", True),
+    ("monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule", True),
+]
+
+
 class Cluster:
-    def __init__(self, served: str = "mwra"):
+    def __init__(self, served: str = "mwra", extra: list[tuple[str, str, str, str, bool]] = ()):
         self.served = served
+        self.extra = list(extra)
         self._ready = threading.Event()
         self._stop = False
         self.url = ""
         self.emulator: KubernetesEmulator | None = None
         core = {plural: k for (_, _, plural), k in CORE.items()}
-        self._kinds = core | {plural: k for _, _, plural, k in GANG_GROUPS[served]}
+        self._kinds = core | {plural: k for _, _, plural, k in GANG_GROUPS[served]} | {
+            plural: k for _, _, plural, k, _ in self.extra}
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
     async def _main(self) -> None:
@@ -46,6 +65,8 @@ class Cluster:
                 k.resources[resource(g, v, plural)] = ResourceInfo(kind=kind, namespaced=plural != "nodes")
             for g, v, plural, kind in GANG_GROUPS[self.served]:
                 k.resources[resource(g, v, plural)] = ResourceInfo(kind=kind, namespaced=True)
+            for g, v, plural, kind, namespaced in self.extra:
+                k.resources[resource(g, v, plural)] = ResourceInfo(kind=kind, namespaced=namespaced)
             self.emulator, self.url = k, str(srv.url).rstrip("/")
             self._ready.set()
             while not self._stop:

@@ -231,9 +231,10 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
     """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95),
     rollouts-to-target ratio against the baseline, and paired differences."""
     results: dict = {"name": spec.name, "baseline": spec.baseline, "seeds": spec.seeds, "steps": spec.steps,
-                     "pairs": {}, "steps_by_pair": {}}
+                     "pairs": {}, "steps_by_pair": {}, "wall_by_pair": {}}
     for pair in spec.pairs:
         per: dict[str, dict[str, dict[int, dict]]] = {}
+        walls: dict[str, dict[str, list[float]]] = {}  # entry -> {"run": [...], "rl": [...]} seconds per run
         steps_seen: set[int] = set()
         for entry in spec.entries:
             for seed in spec.seeds:
@@ -243,6 +244,9 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 summary = json.loads((d / "summary.json").read_text())
                 if summary.get("steps") is not None:
                     steps_seen.add(int(summary["steps"]))
+                w = walls.setdefault(entry, {"run": [], "rl": []})
+                w["run"].append(float(summary.get("elapsed_s", 0.0)))
+                w["rl"].append(float(summary.get("rl_s", summary.get("elapsed_s", 0.0))))
                 curves = _curves(d)
                 for policy, p in summary["policies"].items():
                     per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
@@ -276,6 +280,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 pair_out[entry][policy] = row
         results["pairs"][pair] = pair_out
         results["steps_by_pair"][pair] = sorted(steps_seen)
+        results["wall_by_pair"][pair] = {e: {"run_s": ci95(w["run"]), "rl_s": ci95(w["rl"])} for e, w in walls.items()}
     results["compute"] = compute(spec, out)
     return results
 
@@ -378,8 +383,20 @@ def report_md(results: dict) -> str:
                 lines.append(f"| {entry} | {policy} | {_fmt(r['final_accuracy'])} | {_fmt(r['gain'], signed=True)} | "
                              f"{_fmt(r['auc'])} | {_fmt(r['rollouts_to_target_ratio'], pct=False)} | "
                              f"{_fmt(r['paired_vs_baseline'], signed=True)} |")
-        lines.append("")
+        lines += ["", *_wall_lines(results, pair)]
     return "\n".join(lines) + "\n"
+
+
+def _wall_lines(results: dict, pair: str) -> list[str]:
+    """The wall time of one run of each entry (mean ± 95 % CI over seeds): the RL part and the whole run."""
+    walls = (results.get("wall_by_pair") or {}).get(pair)
+    if not walls:
+        return []
+    def sec(x: dict) -> str:
+        return f"{x['mean']:.0f}" + (f" ± {x['ci95']:.0f}" if x["ci95"] is not None else "")
+
+    cells = [f"{e} {sec(w['rl_s'])} s ({sec(w['run_s'])} s with warm start and evaluation)" for e, w in walls.items()]
+    return ["Wall time of one run's RL: " + "; ".join(cells) + ".", ""]
 
 
 def plot_curves(spec: CompareSpec, out: Path, results: dict) -> list[Path]:

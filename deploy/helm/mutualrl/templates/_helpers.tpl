@@ -39,7 +39,8 @@
 {{- define "mutualrl.podConfig" -}}
 {{- $p := .p -}}
 {{- $eng := default dict $p.engine -}}
-{{- $out := dict "resources" (default dict $p.resources) "engine_resources" (default dict $eng.resources) "engine_shm_size" (default "16Gi" $eng.shmSize) "node_selector" (default dict $p.nodeSelector) "tolerations" (default list $p.tolerations) "affinity" (default dict $p.affinity) -}}
+{{- $defaultResources := dict "requests" (dict "cpu" "4" "memory" "16Gi") "limits" (dict "memory" "16Gi") -}}
+{{- $out := dict "resources" (default $defaultResources $p.resources) "engine_resources" (default dict $eng.resources) "engine_shm_size" (default "16Gi" $eng.shmSize) "node_selector" (default dict $p.nodeSelector) "tolerations" (default list $p.tolerations) "affinity" (default dict $p.affinity) -}}
 {{- with $p.runtimeClassName }}{{ $_ := set $out "runtime_class_name" . }}{{ end -}}
 {{- with (default .root.Values.priorityClassName $p.priorityClassName) }}{{ $_ := set $out "priority_class_name" . }}{{ end -}}
 {{- $probes := dict -}}

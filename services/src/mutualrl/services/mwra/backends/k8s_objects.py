@@ -166,6 +166,11 @@ def _with_gpus(resources: dict, gpus: int) -> dict:
     return {part: {k: str(v) for k, v in amounts.items()} for part, amounts in out.items() if amounts}
 
 
+def pod_gpus(pod: dict) -> int:
+    """The GPUs a pod holds: over all its containers (an engine sidecar holds the rollout's, not the service)."""
+    return sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0)) for c in pod["spec"]["containers"])
+
+
 def service_resources(spec: RunSpec, policy: str, gpus: int) -> dict:
     """The rollout or learner container's resources: the policy's ``kubernetes.resources`` when set, else its
     ``resources.cpu``/``memory`` (the memory also as the limit), plus its GPUs."""
@@ -174,7 +179,7 @@ def service_resources(spec: RunSpec, policy: str, gpus: int) -> dict:
         return _with_gpus(cfg.resources, gpus)
     res = spec.resources.get(policy, {})
     mem = str(res.get("memory", "16Gi"))
-    return _with_gpus({"requests": {"cpu": str(res.get("cpu", 4)), "memory": mem}, "limits": {"memory": mem}}, gpus)
+    return _with_gpus({"requests": {"cpu": f"{float(res.get('cpu', 4)):g}", "memory": mem}, "limits": {"memory": mem}}, gpus)
 
 
 def probes(cfg: PodConfig, port: str) -> dict:
@@ -189,7 +194,7 @@ def models_env(spec: RunSpec) -> list[dict]:
     env = [{"name": "HF_HOME", "value": spec.models.hf_home}]
     if spec.models.hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": spec.models.hf_token_secret,
-                                                                       "key": "token", "optional": False}}})
+                                                                       "key": "token"}}})
     return env
 
 

@@ -262,7 +262,7 @@ class KubernetesBackend(Backend):
     def _admit(self, gang: _Gang) -> None:
         if self.gang == "mwra":
             pods = [o for o in gang.objects if o["kind"] == "Pod"]
-            need = sum(int(o["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for o in pods)
+            need = sum(ko.pod_gpus(o) for o in pods)
             if need > sum(n.gpus for n in self.nodes()) - self._held(exclude=gang):
                 gang.queued = True  # all or nothing: wait for room instead of starting a part
                 return
@@ -280,7 +280,7 @@ class KubernetesBackend(Backend):
 
     def _held(self, exclude: _Gang) -> int:
         """GPUs of every gang this controller has started (queued ones hold nothing)."""
-        return sum(int(o["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        return sum(ko.pod_gpus(o)
                    for state in self.runs.values() for g in state.gangs.values() if g is not exclude and not g.queued
                    for o in g.objects if o["kind"] == "Pod")
 
