@@ -168,9 +168,8 @@ def test_static_workloads_and_mwra_gangs_are_built_from_the_same_settings():
     from mutualrl.config import parse_config
     from mutualrl.services.mwra.backends import k8s_objects as ko
     from mutualrl.services.mwra.backends.base import RunSpec
-    from mutualrl.services.mwra.planner import Node
     from mutualrl.services.mwra.demands import demands_from_config
-    from mutualrl.services.mwra.planner import make_plan
+    from mutualrl.services.mwra.planner import Node, make_plan
 
     values = gpu_values()
     objs = render(values)

@@ -168,7 +168,8 @@ def _with_gpus(resources: dict, gpus: int) -> dict:
 
 def pod_gpus(pod: dict) -> int:
     """The GPUs a pod holds: over all its containers (an engine sidecar holds the rollout's, not the service)."""
-    return sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0)) for c in pod["spec"]["containers"])
+    return sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+               for c in pod["spec"]["containers"])
 
 
 def service_resources(spec: RunSpec, policy: str, gpus: int) -> dict:
@@ -179,7 +180,8 @@ def service_resources(spec: RunSpec, policy: str, gpus: int) -> dict:
         return _with_gpus(cfg.resources, gpus)
     res = spec.resources.get(policy, {})
     mem = str(res.get("memory", "16Gi"))
-    return _with_gpus({"requests": {"cpu": f"{float(res.get('cpu', 4)):g}", "memory": mem}, "limits": {"memory": mem}}, gpus)
+    cpu = f"{float(res.get('cpu', 4)):g}"
+    return _with_gpus({"requests": {"cpu": cpu, "memory": mem}, "limits": {"memory": mem}}, gpus)
 
 
 def probes(cfg: PodConfig, port: str) -> dict:
