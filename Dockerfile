@@ -7,6 +7,10 @@ ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 ARG FLAVOR=cpu
 ARG ENGINE=vllm
+# the engine client the cuda image carries: the same release as the chart's engine sidecar images
+# (vllm/vllm-openai:v0.10.2, lmsysorg/sglang:v0.5.2; a deploy test holds them equal)
+ARG VLLM_VERSION=0.10.2
+ARG SGLANG_VERSION=0.5.2
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
@@ -26,9 +30,12 @@ RUN pip install -c constraints-cpu.txt "grpcio-tools==1.85.1" \
     && python -m grpc_tools.protoc -I proto --python_out=gen --grpc_python_out=gen --pyi_out=gen proto/mutualrl/v1/*.proto \
     && touch gen/mutualrl/v1/__init__.py
 # DL3013: this installs the project itself; its dependencies are pinned by constraints-cpu.txt
-# (cpu) or by the engine extra's own pins (cuda)
+# (cpu) or by the engine release pinned above and that release's own pins (cuda)
 # hadolint ignore=DL3013
-RUN if [ "$FLAVOR" = "cpu" ]; then pip install -c constraints-cpu.txt .; else pip install ".[$ENGINE]"; fi
+RUN if [ "$FLAVOR" = "cpu" ]; then pip install -c constraints-cpu.txt .; \
+    elif [ "$ENGINE" = "vllm" ]; then pip install ".[vllm]" "vllm==${VLLM_VERSION}"; \
+    elif [ "$ENGINE" = "sglang" ]; then pip install ".[sglang]" "sglang==${SGLANG_VERSION}"; \
+    else echo "ENGINE must be vllm or sglang, got $ENGINE" >&2; exit 1; fi
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
 ARG FLAVOR=cpu

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,14 @@ def test_compose_file_is_the_generators_output():
     assert (ROOT / "deploy" / "prometheus" / "prometheus-compose.yml").read_text() == prometheus_config(cpu, gpu)
 
 
+def _compose() -> list[str]:
+    """docker-compose reading only the environment each test gives it: never a `.env` a user made in the checkout
+    (the README tells them to), which would fill in what a test leaves out."""
+    empty = Path(tempfile.mkdtemp()) / "empty.env"
+    empty.write_text("")
+    return [tool("docker-compose"), "--env-file", str(empty)]
+
+
 def _env_example() -> dict[str, str]:
     lines = (ROOT / "deploy" / "compose" / "env.example").read_text().splitlines()
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
@@ -68,7 +77,7 @@ def _env_example() -> dict[str, str]:
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_docker_compose_config(profile):
     env = {**os.environ, **_env_example(), "COMPOSE_PROFILES": profile}
-    p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+    p = subprocess.run([*_compose(), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
                        capture_output=True, text=True, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     # (docker-compose 1.29 lists every service with --services, whatever the profile: read the file)
@@ -119,7 +128,7 @@ def test_compose_without_the_secrets_fails_naming_them():
         if missing == "COMPOSE_PROFILES":
             continue
         env = {**os.environ, **{k: v for k, v in _env_example().items() if k != missing}}
-        p = subprocess.run([tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        p = subprocess.run([*_compose(), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
                            capture_output=True, text=True, env=env, cwd=ROOT)
         assert p.returncode != 0 and missing in p.stderr, missing
 
@@ -227,6 +236,40 @@ def test_compose_runs_three_policies_under_a_sharing_graph(tmp_path):
     secrets = set(re.findall(r"\$\{([A-Z0-9_]+):\?", path.read_text()))
     assert "MUTUALRL_REDIS_PASSWORD_GPT2_UNIGRAM_LEARNER" in secrets
     env = {**os.environ, **{s: "x" for s in secrets}, "COMPOSE_PROFILES": "cpu"}
-    p = subprocess.run([tool("docker-compose"), "-f", str(path), "config", "-q"], capture_output=True, text=True,
+    p = subprocess.run([*_compose(), "-f", str(path), "config", "-q"], capture_output=True, text=True,
                        env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr
+
+
+# The engine metrics the dashboards may read: names vLLM's V1 engine (vllm/v1/metrics/loggers.py) and SGLang
+# (sglang/srt/metrics/collector.py) export today. vLLM deprecated and then removed its V0 cache and swap gauges.
+ENGINE_METRICS = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                  "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:num_preemptions_total",
+                  "sglang:gen_throughput", "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"}
+REMOVED_ENGINE_METRICS = {"vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc", "vllm:num_requests_swapped",
+                          "vllm:gpu_prefix_cache_hit_rate", "vllm:cpu_prefix_cache_hit_rate"}
+
+
+def test_engine_panels_read_the_metric_names_the_engines_export_today():
+    from mutualrl.app.dashboards import metric_names
+
+    used = {n for _, e in all_exprs() for n in metric_names(e) if n.startswith(("vllm:", "sglang:"))}
+    assert used and used <= ENGINE_METRICS, used - ENGINE_METRICS
+    assert not used & REMOVED_ENGINE_METRICS
+
+
+def test_the_cuda_image_pins_the_engine_release_the_chart_runs():
+    import re
+
+    from mutualrl.services.mwra.backends.k8s_objects import engine_container
+
+    docker = (ROOT / "Dockerfile").read_text()
+    pins = dict(re.findall(r"^ARG (VLLM|SGLANG)_VERSION=(\S+)$", docker, re.M))
+    assert set(pins) == {"VLLM", "SGLANG"}
+    assert 'vllm==${VLLM_VERSION}' in docker and 'sglang==${SGLANG_VERSION}' in docker
+    chart = (CHART / "templates" / "policies.yaml").read_text() + (CHART / "values.yaml").read_text()
+    for backend, repo in (("vllm", "vllm/vllm-openai"), ("sglang", "lmsysorg/sglang")):
+        tag = f"{repo}:v{pins[backend.upper()]}"
+        assert engine_container({"backend": backend}, 1)["image"] == tag  # MWRA's default
+        assert tag in chart
+        assert not set(re.findall(rf"{re.escape(repo)}:v[\w.]+", chart)) - {tag}

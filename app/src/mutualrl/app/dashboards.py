@@ -149,12 +149,15 @@ DASHBOARDS = (
         Panel("vLLM requests running / waiting",
               ("sum by (model_name) (vllm:num_requests_running)", "sum by (model_name) (vllm:num_requests_waiting)"),
               legend="{{model_name}}", external=True),
-        Panel("vLLM KV-cache usage", ("avg by (model_name) (vllm:gpu_cache_usage_perc)",), unit="percentunit",
+        # vLLM's V1 engine name; the old vllm:gpu_cache_usage_perc was deprecated, then removed
+        Panel("vLLM KV-cache usage", ("avg by (model_name) (vllm:kv_cache_usage_perc)",), unit="percentunit",
               legend="{{model_name}}", external=True),
         Panel("SGLang generation throughput", ("sum by (model_name) (sglang:gen_throughput)",), legend="{{model_name}}",
               external=True),
         Panel("SGLang running requests", ("sum by (model_name) (sglang:num_running_reqs)",), legend="{{model_name}}",
               external=True),
+        Panel("SGLang KV-cache usage", ("avg by (model_name) (sglang:token_usage)",), unit="percentunit",
+              legend="{{model_name}}", external=True),
     )),
 )
 
