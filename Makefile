@@ -89,9 +89,16 @@ $(DEPLOY_STAMP): $(STAMP) pyproject.toml
 	fi
 	touch $@
 
-deploy-tools: $(DEPLOY_STAMP)
+# checkov in a venv of its own: its many pinned dependencies would fight the project's
+CHECKOV_VENV := .venv-checkov
+$(CHECKOV_VENV)/.installed:
+	$(PY) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q "checkov==3.3.30"
+	touch $@
 
-test-deploy: setup $(DEPLOY_STAMP)
+deploy-tools: $(DEPLOY_STAMP) $(CHECKOV_VENV)/.installed
+
+test-deploy: setup $(DEPLOY_STAMP) $(CHECKOV_VENV)/.installed
 	$(BIN)/python -m pytest -q -m deploy tests/deploy
 
 # Optional: a real vLLM server (the third-party CPU build) behind the vllm adapter. Its
@@ -122,4 +129,4 @@ bench: setup $(BENCH_STAMP)
 	if [ -n "$$fail" ]; then echo "goals missed:$$fail"; exit 1; fi
 
 clean:
-	rm -rf gen $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf gen $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) .pytest_cache
