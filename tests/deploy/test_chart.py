@@ -140,7 +140,7 @@ def test_the_collective_transport_points_every_policy_at_its_learners_weight_gro
 
 
 def test_bundled_redis_gives_every_pod_its_own_acl_identity(tmp_path):
-    """The Redis pod's init container writes the ACL file with `mutualrl see acl` from the users
+    """The Redis pod's init container writes the ACL file with `mutualrl redis acl` from the users
     Secret; every policy pod runs as `<policy>.<role>`, the controller as `mwra.observer`. The
     init container's command, run here with its environment, writes a file a real Redis enforces."""
     import base64
@@ -270,3 +270,40 @@ def test_a_values_file_that_breaks_the_schema_fails_with_the_field_named(mutate,
     with pytest.raises(helm_python.HelmError) as e:
         helm_python.Chart.load(CHART).render(v, name="rl", namespace="ml", is_install=True)
     assert field in str(e.value)
+
+
+def test_an_external_redis_gets_per_service_users_from_the_hook_job(tmp_path):
+    """Your own Redis: the pre-install Job runs `mutualrl redis acl --apply` with the admin URL and the users
+    Secret's passwords; run here against a real Redis, it creates users each limited to its own streams, and the
+    experiment tells MWRA's pods to log in as them."""
+    import os
+    import subprocess
+    import sys
+
+    import redis
+
+    from mutualrl.see.server import RedisServer
+
+    values = values_of(CHART / "ci" / "kueue-external-redis-values.yaml")
+    objs = render(values)
+    job = next(o for o in objs if o["kind"] == "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    users = {"mwra.observer": "obs"} | {f"{p['name']}.{r}": f"pw-{p['name']}-{r}" for p in values["policies"]
+                                       for r in ("rollout", "learner")}
+    with RedisServer(password="admin-pw") as srv:
+        env = {**os.environ}
+        for e in c["env"]:
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = (f"redis://:admin-pw@127.0.0.1:{srv.port}/0" if ref["name"] == "platform-redis-admin"
+                              else users[ref["key"]])
+        p = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", *c["args"]], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        small = redis.Redis(port=srv.port, username="small.rollout", password="pw-small-rollout")
+        small.xadd("mutualrl:kueue-run:rollout:small", {"d": b"x"})
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            small.xadd("mutualrl:kueue-run:rollout:large", {"d": b"x"})
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
+    cfg = parse_config(cm["data"]["config.yaml"], "rendered", check_paths=False)
+    assert cfg.mwra.kubernetes.redis_users_secret == "mutualrl-redis-users"

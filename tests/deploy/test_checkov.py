@@ -33,8 +33,8 @@ def test_the_rendered_chart_passes_checkov(tmp_path):
         for name, text in out.items():
             if name.endswith(".yaml") and text.strip():
                 (d / name.rsplit("/", 1)[-1]).write_text(text)
-    p = subprocess.run([checkov(), "-d", str(tmp_path), "--framework", "kubernetes", "--quiet", "--compact", "-o", "json",
-                        "--skip-check", ",".join(SKIPS)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([checkov(), "-d", str(tmp_path), "--framework", "kubernetes", "--quiet", "--compact", "-o",
+                        "json", "--skip-check", ",".join(SKIPS)], capture_output=True, text=True, timeout=600)
     reports = json.loads(p.stdout)
     reports = reports if isinstance(reports, list) else [reports]
     failed = [(f["check_id"], f["resource"], f["file_path"]) for r in reports for f in r["results"]["failed_checks"]]

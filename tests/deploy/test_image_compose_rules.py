@@ -90,10 +90,10 @@ def test_docker_compose_config(profile):
         deps = services[name].get("depends_on", {})
         assert all(d in active for d in deps), (name, deps)
     assert services["llama-char-rollout"]["depends_on"]["redis"] == {"condition": "service_healthy"}
-    # Redis starts from the ACL file `mutualrl see acl` wrote; each service has its own identity
+    # Redis starts from the ACL file `mutualrl redis acl` wrote; each service has its own identity
     assert "--aclfile" in services["redis"]["command"]
     assert services["redis"]["depends_on"]["redis-acl"]["condition"] == "service_completed_successfully"
-    assert services["redis-acl"]["command"][:2] == ["see", "acl"]
+    assert services["redis-acl"]["command"][:2] == ["redis", "acl"]
     for name in active:
         env = services[name].get("environment", {})
         if "MUTUALRL_REDIS_USERNAME" in env:

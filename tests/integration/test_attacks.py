@@ -116,3 +116,27 @@ def test_reputation_quarantines_liars_forgives_noise_and_releases_after_probatio
     again.load_state_dict(state)
     assert again.failure_rate("few") == rep.failure_rate("few") == 1.0
     assert torch.tensor(again.failure_rate("honest")).isclose(torch.tensor(0.1))
+
+
+def test_an_honest_peer_whose_rows_the_receiver_cannot_spell_is_never_quarantined(arithmetic_task):
+    """The probe's false quarantine: a byte-level BPE peer samples characters the char-level receiver has no token
+    for, so THL refuses every row (``thl_roundtrip``). That is a limit of the pair of tokenizers, not a false claim:
+    the peer's reputation is untouched, however many steps it lasts."""
+    ex, _, pols = _setup(arithmetic_task, mode="naive")
+    a_arts, _, _, a_learner = pols["a"]
+    a_learner.intake.verifier = ExactMatchVerifier()
+    b_tok, b_fp = pols["b"][0].tokenizer, pols["b"][0].fingerprint
+    problems = [Problem("12+34=", "46"), Problem("5+5=", "10")]
+    for step in range(1, 6):
+        _own_all_fail(ex, a_arts, problems, step=step)
+        for p in problems:
+            text = "4\u00e96"  # honest (a wrong answer claiming reward 0), with a character 'a' cannot spell
+            ids = b_tok(text, add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
+            for i in range(4):
+                ex.publish(pb.Rollout(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=text, token_ids=ids,
+                                      logprobs=[-0.5] * len(ids), reward=0.0, step=step, sample_index=i,
+                                      group_size=4, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
+        rec = a_learner.train_step(step, problems)
+        assert rec["peer_rejected"].get("thl_roundtrip") == 8, rec["peer_rejected"]
+        assert rec["peers_quarantined"] == [] and not rec.get("reputation_events")
+    assert a_learner.totals["peer_quarantined"] == 0

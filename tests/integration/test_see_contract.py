@@ -230,3 +230,18 @@ def test_junk_after_a_control_message_cannot_hide_it(_ex, broker):
     assert broker.length(dead_letter_stream("mutualrl:test")) == 3
     ex.publish(pb.Heartbeat(role="learner", step=4, version=4, status="ok"), "a.learner")
     assert ex.last("heartbeat", "a.learner").payload.step == 4
+
+
+def test_any_number_of_junk_entries_cannot_hide_a_control_message(_ex, broker):
+    # more junk than one page of last()'s backwards read (64): it reads on, page by page
+    ex = _ex(key=b"k")
+    ex.publish(pb.WeightsPublished(policy="a", version=7, checksum="c"), "a.learner")
+    stream = stream_name("mutualrl:test", "weights_published", "a.learner")
+    for i in range(150):
+        broker.publish(stream, b"junk-%d" % i, None)
+    got = ex.last("weights_published", "a.learner")
+    assert got is not None and got.payload.version == 7
+    assert ex.control_dead_lettered["decode_error"] == 150
+    assert ex.last("weights_published", "a.learner").payload.version == 7  # the junk is not decoded again
+    assert ex.control_dead_lettered["decode_error"] == 150
+    assert _ex(key=b"k").last("weights_published", "nobody") is None

@@ -400,30 +400,77 @@ see_app = typer.Typer(no_args_is_help=True, help="Shared Experience Exchange too
 app.add_typer(see_app, name="see")
 
 
-@see_app.command("acl")
-def see_acl(
-    policies: list[str] = typer.Option(..., "--policy",
-                                       help="A policy whose rollout and learner services get a user (repeatable)."),
-    out_file: Path = typer.Option(..., "--out", help="Where to write the Redis ACL file."),
+redis_app = typer.Typer(no_args_is_help=True, help="The Redis a run uses: its per-service users.")
+app.add_typer(redis_app, name="redis")
+
+
+@redis_app.command("acl")
+def redis_acl(
+    policies: Optional[list[str]] = typer.Option(
+        None, "--policy", help="A policy whose rollout and learner services get a user (repeatable)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="...or every policy of this experiment file."),
     namespace: Optional[str] = typer.Option(
         None, "--namespace", help="The run's SEE namespace; omit to allow any run's keys (MWRA names runs later)."),
     observer: bool = typer.Option(False, "--observer", help="Add mwra.observer, the controller's read-only identity."),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Write an ACL file (with the operator's default "
+                                            "user) for a Redis started with --aclfile."),
+    apply: bool = typer.Option(False, "--apply", help="Create or update the users on the Redis at --redis."),
+    redis_url: Optional[str] = typer.Option(None, "--redis", envvar="MUTUALRL_REDIS_URL",
+                                            help="--apply: the Redis, as a user allowed ACL SETUSER."),
 ) -> None:
-    """Write the Redis ACL file of a deployment: one user per service that may append only to its
-    own streams. Passwords come from the environment: MUTUALRL_REDIS_ADMIN_PASSWORD and, per
-    service, MUTUALRL_REDIS_PASSWORD_<POLICY>_<ROLE> (the Helm chart and compose file set them)."""
-    from mutualrl.see.acl import ADMIN_PASSWORD_ENV, OBSERVER, ServiceUser, acl_file, password_env
+    """Per-service Redis users: each may read the run's streams and append only to its own. Passwords come from
+    MUTUALRL_REDIS_PASSWORD_<POLICY>_<ROLE> (and MUTUALRL_REDIS_ADMIN_PASSWORD for --out); one not set is made
+    up and printed as an env line to give that service. Without --out or --apply, the ACL SETUSER commands are
+    printed for a Redis you run yourself."""
+    import secrets
 
-    services = [(p, r) for p in policies for r in ("rollout", "learner")] + ([OBSERVER] if observer else [])
-    missing = [v for v in [ADMIN_PASSWORD_ENV,
-                           *(password_env(f"{p}.{r}") for p, r in services)] if not os.environ.get(v)]
-    if missing:
-        raise _fail(f"set {', '.join(missing)}")
-    users = [ServiceUser(p, r, os.environ[password_env(f"{p}.{r}")]) for p, r in services]
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(acl_file(namespace, users, os.environ[ADMIN_PASSWORD_ENV]))
-    out_file.chmod(0o600)
-    out.print(f"wrote {out_file}: {len(users)} users")
+    from mutualrl.see.acl import ADMIN_PASSWORD_ENV, OBSERVER, ServiceUser, acl_file, acl_rules, password_env
+
+    names = list(policies or [])
+    if config is not None:
+        try:
+            names += [p.name for p in load_config(config, check_paths=False).policies]
+        except ConfigError as e:
+            raise _fail(str(e))
+    if not names:
+        raise _fail("give --policy (repeatable) or --config")
+    services = [(p, r) for p in dict.fromkeys(names) for r in ("rollout", "learner")] + ([OBSERVER] if observer else [])
+    made = {password_env(f"{p}.{r}"): secrets.token_urlsafe(24) for p, r in services
+            if not os.environ.get(password_env(f"{p}.{r}"))}
+    if out_file is not None and not os.environ.get(ADMIN_PASSWORD_ENV):
+        raise _fail(f"--out writes the operator's user too: set {ADMIN_PASSWORD_ENV}")
+    if made and (out_file is not None or apply):
+        raise _fail(f"set {', '.join(made)} (the services must be given the same passwords)")
+    users = [ServiceUser(p, r, os.environ.get(password_env(f"{p}.{r}")) or made[password_env(f"{p}.{r}")])
+             for p, r in services]
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(acl_file(namespace, users, os.environ[ADMIN_PASSWORD_ENV]))
+        out_file.chmod(0o600)
+        out.print(f"wrote {out_file}: {len(users)} users")
+        return
+    if apply:
+        _apply_acl(redis_url, [(u.name, acl_rules(namespace, u)) for u in users])
+        return
+    for var, value in made.items():
+        typer.echo(f"# {var}={value}")
+    for u in users:
+        typer.echo(f"ACL SETUSER {u.name} " + " ".join(acl_rules(namespace, u)))
+
+
+def _apply_acl(redis_url: Optional[str], users: list[tuple[str, list[str]]]) -> None:
+    """ACL SETUSER each service user on the Redis at ``redis_url`` (one that may manage users)."""
+    import redis
+
+    if not redis_url:
+        raise _fail("--apply needs --redis (or MUTUALRL_REDIS_URL): a user allowed ACL SETUSER")
+    try:
+        r = redis.Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10)
+        for name, rules in users:
+            r.execute_command("ACL", "SETUSER", name, *rules)
+    except redis.exceptions.RedisError as e:
+        raise _fail(f"{redis_url.split('@')[-1]}: {type(e).__name__}: {e}")
+    out.print(f"applied {len(users)} users to {redis_url.split('@')[-1]}")
 
 
 @see_app.command("keys")

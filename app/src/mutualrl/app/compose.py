@@ -124,11 +124,11 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
     passwords = {password_env(f"{n}.{r}"): _secret(password_env(f"{n}.{r}")) for n in names for r in ("rollout",
         "learner")}
     services: dict[str, Any] = {
-        # writes the ACL file (`mutualrl see acl`, the definition `mutualrl up` and the chart use) before Redis starts
+        # writes the ACL file (`mutualrl redis acl`, the definition `mutualrl up` and the chart use) before Redis starts
         "redis-acl": {
             "image": IMAGE.format(flavor="cpu"),
             "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
-            "command": ["see", "acl", "--namespace", NAMESPACE, *[a for n in names for a in ("--policy", n)], "--out",
+            "command": ["redis", "acl", "--namespace", NAMESPACE, *[a for n in names for a in ("--policy", n)], "--out",
                         "/acl/users.acl"],
             "environment": {ADMIN_PASSWORD_ENV: _secret(ADMIN_PASSWORD_ENV), **passwords},
             "volumes": ["acl:/acl"],

@@ -131,14 +131,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- define "mutualrl.redisUsersSecret" -}}{{ printf "%s-redis-users" (include "mutualrl.fullname" .) }}{{- end -}}
 
-{{/* A pod's own Redis identity (bundled Redis: ACL users, `mutualrl see acl`). Call with
+{{/* The Secret of the services' Redis passwords: the chart's for its bundled Redis, or
+     redis.external.usersSecret for yours (empty: the services share the URL's identity). */}}
+{{- define "mutualrl.redisUsers" -}}
+{{- if .Values.redis.bundled }}{{ include "mutualrl.redisUsersSecret" . }}{{ else }}{{ .Values.redis.external.usersSecret }}{{ end -}}
+{{- end -}}
+
+{{/* A pod's own Redis identity (ACL users, `mutualrl redis acl`). Call with
      (dict "root" $ "user" "<policy>.<role>"). */}}
 {{- define "mutualrl.redisIdentity" -}}
-{{- if .root.Values.redis.bundled }}
-- {name: MUTUALRL_REDIS_USERNAME, value: {{ .user | quote }}}
+{{- with include "mutualrl.redisUsers" .root }}
+- {name: MUTUALRL_REDIS_USERNAME, value: {{ $.user | quote }}}
 - name: MUTUALRL_REDIS_PASSWORD
   valueFrom:
-    secretKeyRef: {name: {{ include "mutualrl.redisUsersSecret" .root }}, key: {{ .user | quote }}}
+    secretKeyRef: {name: {{ . }}, key: {{ $.user | quote }}}
 {{- end }}
 {{- end -}}
 
@@ -186,7 +192,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $exp "broker" (dict "backend" "redis" "hmac_key_env" "MUTUALRL_HMAC_KEY") -}}
 {{- $_ := set $exp "launcher" (merge (dict "host" "0.0.0.0") (default dict $exp.launcher)) -}}
 {{- $k8s := dict "namespace" .Release.Namespace "image" (include "mutualrl.image" .) "gang" (include "mutualrl.gang" .) "queue" .Values.mwra.queue "admission_timeout_s" .Values.mwra.admissionTimeoutSeconds "weights_claim" (include "mutualrl.weightsClaim" .) "hmac_secret" (include "mutualrl.hmacSecret" .) "redis_url_secret" (include "mutualrl.redisSecret" .) -}}
-{{- if .Values.redis.bundled }}{{ $_ := set $k8s "redis_users_secret" (include "mutualrl.redisUsersSecret" .) }}{{ end -}}
+{{- with include "mutualrl.redisUsers" . }}{{ $_ := set $k8s "redis_users_secret" . }}{{ end -}}
 {{- $_ := set $k8s "models" (include "mutualrl.modelsConfig" . | fromYaml) -}}
 {{- if .Values.state.enabled -}}
 {{- $claims := dict -}}

@@ -69,8 +69,9 @@ class Broker(ABC):
         control-plane state (the latest heartbeat or weights version) after a restart."""
 
     @abstractmethod
-    def recent(self, stream: str, count: int) -> list[Entry]:
-        """Up to ``count`` newest entries of ``stream``, newest first (no consumer group involved)."""
+    def recent(self, stream: str, count: int, before: str | None = None) -> list[Entry]:
+        """Up to ``count`` newest entries of ``stream`` (older than entry id ``before`` when given), newest
+        first (no consumer group involved): paging backwards through a stream."""
 
     @abstractmethod
     def groups(self, stream: str) -> list[dict]:

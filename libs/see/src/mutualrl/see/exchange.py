@@ -171,24 +171,32 @@ class ExperienceExchange:
             self.published[kinds[stream]] += len(items)
         return ids
 
-    def last(self, kind: str, producer: str, scan: int = 64) -> Received | None:
+    def last(self, kind: str, producer: str, page: int = 64) -> Received | None:
         """The newest *valid* message of a control stream (a heartbeat, a weights announcement):
         it decodes, verifies, carries ``kind`` and was sent by the stream's own ``producer``.
-        Newer junk is skipped and dead-lettered once, so an appended invalid entry cannot hide
-        the state before it (None when none of the ``scan`` newest entries is valid)."""
+        Newer junk is skipped and dead-lettered once, so no number of appended invalid entries can
+        hide the state before them: the stream is read backwards ``page`` entries at a time until a
+        valid one (None when it holds none). Junk seen before is skipped without decoding it again."""
         stream = stream_name(self.namespace, kind, producer)
-        for e in self.broker.recent(stream, scan):
-            try:
-                env = self.codec.decode(e.data)
-            except CodecError as err:
-                self._control_dead_letter(e, err.reason, str(err))
-                continue
-            misplaced = misplacement(env, kind, producer)
-            if misplaced:
-                self._control_dead_letter(e, *misplaced)
-                continue
-            return Received(env, e)
-        return None
+        before = None
+        while True:
+            entries = self.broker.recent(stream, page, before=before)
+            for e in entries:
+                if (e.stream, e.entry_id) in self._control_rejected:
+                    continue
+                try:
+                    env = self.codec.decode(e.data)
+                except CodecError as err:
+                    self._control_dead_letter(e, err.reason, str(err))
+                    continue
+                misplaced = misplacement(env, kind, producer)
+                if misplaced:
+                    self._control_dead_letter(e, *misplaced)
+                    continue
+                return Received(env, e)
+            if len(entries) < page:
+                return None
+            before = entries[-1].entry_id
 
     def _control_dead_letter(self, e: Entry, reason: str, detail: str) -> None:
         key = (e.stream, e.entry_id)
@@ -264,6 +272,14 @@ class Subscription:
         self.ex.broker.publish(dead_letter_stream(self.ex.namespace), record, self.ex.max_len)
         self.ex.broker.ack(e.stream, self.group, [e.entry_id])
         self.counts[f"dead_letter:{reason}"] += 1
+
+    def refuse(self, received: Iterable[Received], reason: str, detail: str = "") -> None:
+        """Messages that decoded and verified but that the receiver will not use (a malformed or conflicting
+        rollout): moved to the dead-letter stream with ``reason``, acknowledged and remembered, counted as
+        ``dead_letter:<reason>``."""
+        for r in received:
+            self._dead_letter(r.entry, reason, detail)
+            self._seen[r.envelope.message_id] = None
 
     def poll(self, count: int = 1000, block_ms: int | None = None) -> list[Received]:
         """New messages (decoded, validated, not seen before). Call :meth:`ack` after using them."""

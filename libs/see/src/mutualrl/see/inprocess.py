@@ -151,12 +151,15 @@ class InProcessBroker(Broker):
             return len(s.entries) if s else 0
 
     @override
-    def recent(self, stream: str, count: int) -> list[Entry]:
+    def recent(self, stream: str, count: int, before: str | None = None) -> list[Entry]:
         with self._cond:
             s = self._streams.get(stream)
             if not s:
                 return []
-            ids = list(s.entries)[-count:][::-1]
+            ids = list(s.entries)
+            if before is not None:
+                ids = ids[:ids.index(before)] if before in s.entries else [i for i in ids if _parse(i) < _parse(before)]
+            ids = ids[-count:][::-1]
             return [Entry(stream, i, s.entries[i], 0) for i in ids]
 
     @override

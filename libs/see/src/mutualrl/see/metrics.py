@@ -21,7 +21,10 @@ from mutualrl.see.exchange import ExperienceExchange, dead_letter_stream
 # alert over it has a series before the first event instead of "no data"
 BACKPRESSURE_ACTIONS = ("blocked", "dropped", "timeout")
 DEAD_LETTER_REASONS = ("decode_error", "unknown_schema_version", "invalid", "bad_signature", "wrong_kind",
-                       "wrong_producer", "poison_pill")
+                       "wrong_producer", "poison_pill",
+                       # a learner's own rollouts it refuses (services/learner/own_experience.py)
+                       "own_unknown_prompt", "own_malformed", "own_too_long", "own_bad_token", "own_bad_group",
+                       "own_too_stale", "own_late", "own_conflict")
 
 
 class SeeCollector(Collector):

@@ -172,8 +172,10 @@ class RedisBroker(Broker):
         return sorted(_id(k) for k in self.r.scan_iter(match=f"{prefix}*", _type="STREAM", count=1000))
 
     @override
-    def recent(self, stream: str, count: int) -> list[Entry]:
-        return [Entry(stream, _id(i), f.get(FIELD, b""), 0) for i, f in self.r.xrevrange(stream, count=count)]
+    def recent(self, stream: str, count: int, before: str | None = None) -> list[Entry]:
+        top = f"({before}" if before else "+"  # an exclusive bound (Redis 6.2+)
+        return [Entry(stream, _id(i), f.get(FIELD, b""), 0) for i, f in self.r.xrevrange(stream, max=top,
+                                                                                          count=count)]
 
     @override
     def last(self, stream: str) -> Entry | None:

@@ -105,7 +105,8 @@ class Learner:
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
         self.own_intake = OwnIntake(policy, self.own, tokenizer, _context_limit(self.model.config),
                                     self.model.get_input_embeddings().num_embeddings,
-                                    max_lag=settings.staleness.max_staleness if settings.staleness.pipelined else None)
+                                    max_lag=settings.staleness.max_staleness if settings.staleness.pipelined else None,
+                                    group_size=settings.group_size)
         # what to read from peers, how to use it
         self.mode = make_mode(policy, settings.algorithm, settings.sharing, settings.max_new_tokens)
         self.mode.is_cap = settings.staleness.is_cap

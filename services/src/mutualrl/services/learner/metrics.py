@@ -15,7 +15,10 @@ PEER_REJECTION_REASONS = (
     "empty",
     "unknown_tokenizer", "invalid_stats", "duplicate_stats", "thl_unaligned", "thl_roundtrip",
 )
-OWN_REJECTION_REASONS = ("unknown_prompt", "malformed", "too_long", "bad_token", "too_stale")
+OWN_REJECTION_REASONS = ("unknown_prompt", "malformed", "too_long", "bad_token", "bad_group", "too_stale", "late",
+                         "conflict")
+OWN_EVENTS = ("duplicate", "rescored")
+"""Own rollouts used but worth counting: a repeat acknowledged (``duplicate``), a claimed reward corrected."""
 EDGE_EVENTS = ("offered", "used", "stale", "thl_rejected", "rescues")
 """What a learner counts per incoming sharing edge (``mutualrl_edge_messages``)."""
 
@@ -69,8 +72,11 @@ class LearnerMetrics:
                                 "score).",
                                 ["policy"], registry=r)
         self.own_rejected = Counter("mutualrl_own_rejected",
-                                    "Own rollouts refused before use (unknown prompt, malformed, too long, bad token).",
+                                    "Own rollouts refused and dead-lettered (unknown prompt, malformed, too long, bad "
+                                    "token, bad group, too stale, late, conflict).",
                                     ["policy", "reason"], registry=r)
+        self.own_events = Counter("mutualrl_own_events", "Own rollouts repeated (acknowledged, not used twice) or "
+                                  "re-scored by the learner's verifier.", ["policy", "event"], registry=r)
         self.edges = Counter("mutualrl_edge_messages",
                              "Peer experience per sharing edge (source -> this receiver): offered, used (rows and "
                              "stats), refused as stale, refused by THL, and rescues.",
@@ -82,6 +88,8 @@ class LearnerMetrics:
             self.rejected.labels(policy, reason)
         for reason in OWN_REJECTION_REASONS:
             self.own_rejected.labels(policy, reason)
+        for event in OWN_EVENTS:
+            self.own_events.labels(policy, event)
         self.rescored.labels(policy)
         self.rescues.labels(policy)
         for q in peers:
@@ -123,10 +131,13 @@ class LearnerMetrics:
             self.rejected.labels(p, reason).inc(n)
         self.rescored.labels(p).inc(rec.get("peer_rescored") or 0)
         for key, n in list(learner.totals.items()):
-            if key.startswith("own_rejected:"):
-                reason = key.split(":", 1)[1]
-                self.own_rejected.labels(p, reason).inc(n - self._own_reported.get(reason, 0))
-                self._own_reported[reason] = n
+            if key.startswith("own_rejected:") or key in ("own_duplicate", "own_rescored"):
+                done = self._own_reported.get(key, 0)
+                if key.startswith("own_rejected:"):
+                    self.own_rejected.labels(p, key.split(":", 1)[1]).inc(n - done)
+                else:
+                    self.own_events.labels(p, key.removeprefix("own_")).inc(n - done)
+                self._own_reported[key] = n
         for edge, counts in learner.last_edges.items():
             source = edge.split("->", 1)[0]
             for event, n in counts.items():

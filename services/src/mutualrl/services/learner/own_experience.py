@@ -4,6 +4,8 @@ the learner's own verifier, and turned into training rows under the wire's field
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import time
 from collections import Counter
 from typing import Callable
@@ -14,15 +16,31 @@ from mutualrl.see import Received
 from mutualrl.services.learner.objective import OWN, Rows
 from mutualrl.tasks import Problem, Verifier
 
+log = logging.getLogger("mutualrl.learner.own")
+
+
+def _digest(p) -> bytes:
+    """What a rollout says it sampled: its prompt and completion ids and their log-probs."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in (list(p.prompt_token_ids), list(p.token_ids)):
+        h.update(repr(part).encode())
+    h.update(repr([round(x, 6) for x in p.logprobs]).encode())
+    return h.digest()
+
 
 class OwnIntake:
     """One policy's own ``Rollout`` messages, step by step. Rollouts of later steps wait in
-    :attr:`buffer`; refused, repeated and stale ones are acknowledged (consumed, not used) and
-    counted in the learner's ``totals`` under ``own_*``."""
+    :attr:`buffer`. A step's groups must be well formed: one row per (prompt, sample index), the index below
+    the group size G, and the first valid row wins. A refused row is dead-lettered with its reason
+    (``own_<reason>``) and logged; a repeat of a row (a restarted rollout service publishes a step again) is
+    acknowledged and counted; a row that claims a sample already taken with the same weights version but other
+    content is a forgery or a broken producer: dead-lettered as ``own_conflict`` and logged as an error. All of
+    it is counted in the learner's ``totals`` under ``own_*``."""
 
     def __init__(self, policy: str, subscription, tokenizer: PreTrainedTokenizerBase, context_limit: int,
-                 vocab_size: int, *, max_lag: int | None = None):
+                 vocab_size: int, *, max_lag: int | None = None, group_size: int | None = None):
         self.policy = policy
+        self.group_size = group_size  # G: sample indices run 0..G-1 (None: not checked)
         self.sub = subscription
         self.tok = tokenizer
         self.context_limit = context_limit
@@ -41,24 +59,25 @@ class OwnIntake:
         or repeated message never takes the place of a real one. ``not_consumed`` drops what a
         checkpoint already covers."""
         have: list[Received] = []
-        seen: set[tuple[str, int]] = set()
+        seen: dict[tuple[str, int], tuple[int, bytes]] = {}  # (prompt, sample) -> (weights version, content)
 
         def admit(rows: list[Received]) -> None:
-            refused, copies = [], []
+            copies = []
             for r in rows:
                 reason = self.problem(r.payload, problems) or self._too_stale(r.payload, step)
                 key = (r.payload.prompt_id, r.payload.sample_index)
                 if reason is not None:
-                    refused.append(r)
-                    totals[f"own_rejected:{reason}"] += 1
-                elif key in seen:
-                    copies.append(r)
-                else:
-                    seen.add(key)
+                    self._refuse(r, reason, totals)
+                elif key not in seen:
+                    seen[key] = (r.envelope.weights_version, _digest(r.payload))
                     have.append(r)
-            if refused or copies:
-                self.sub.ack(refused + copies)
+                elif seen[key] == (r.envelope.weights_version, _digest(r.payload)) \
+                        or seen[key][0] != r.envelope.weights_version:
+                    copies.append(r)  # the same sample again, or sampled again after a restart with newer weights
+                else:
+                    self._refuse(r, "conflict", totals)
             if copies:
+                self.sub.ack(copies)
                 totals["own_duplicate"] += len(copies)
 
         admit([r for r in self.buffer if r.payload.step == step])
@@ -78,11 +97,26 @@ class OwnIntake:
         self._drop_stale(stale, totals)
         return have
 
+    def _refuse(self, r: Received, reason: str, totals: Counter) -> None:
+        """Dead-letter one own rollout with its reason, count it and say so in the log."""
+        p = r.payload
+        detail = (f"step {p.step} prompt {p.prompt_id} sample {p.sample_index} of {p.group_size}, weights version "
+                  f"{r.envelope.weights_version}")
+        self.sub.refuse([r], f"own_{reason}", detail)
+        totals[f"own_rejected:{reason}"] += 1
+        if reason == "conflict":
+            log.error("own rollout %s conflicts with the one already taken for the same sample and weights version "
+                      "(a forged or broken rollout service): dead-lettered", r.envelope.message_id,
+                      extra={"fields": {"reason": reason, "detail": detail}})
+        else:
+            log.warning("own rollout %s refused (%s): dead-lettered", r.envelope.message_id, reason,
+                        extra={"fields": {"reason": reason, "detail": detail}})
+
     def _drop_stale(self, stale: list[Received], totals: Counter) -> None:
-        """Rollouts of a step already trained: acknowledged (consumed, not used) and counted."""
-        if stale:
-            self.sub.ack(stale)
-            totals["own_stale"] += len(stale)
+        """Rollouts of a step already trained (they arrived late: a slow or restarted rollout service):
+        dead-lettered as ``own_late``, counted and logged."""
+        for r in stale:
+            self._refuse(r, "late", totals)
 
     def _too_stale(self, p, step: int) -> str | None:
         """``too_stale`` when the rollout's weights are more than ``max_lag`` steps behind the learner's (which
@@ -98,6 +132,9 @@ class OwnIntake:
             return "unknown_prompt"
         if not p.token_ids or len(p.logprobs) != len(p.token_ids):
             return "malformed"
+        G = self.group_size
+        if G is not None and (p.group_size != G or not 0 <= p.sample_index < G):
+            return "bad_group"
         if len(p.prompt_token_ids) + len(p.token_ids) > self.context_limit:
             return "too_long"
         vocab = self.vocab_size

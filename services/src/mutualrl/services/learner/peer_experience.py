@@ -175,21 +175,23 @@ class PeerIntake:
 
     def _usable(self, out: IntakeResult, conv: Converted, claimed_text: str, source: str = "") -> bool:
         """The conversion reproduces the text the peer claimed and is within the THL budget
-        (its residual is recorded); otherwise the rejection is counted by reason."""
+        (its residual is recorded); otherwise the rejection is counted by reason. Only a false claim (``text_mismatch``)
+        counts against the peer's reputation; a THL rejection does not."""
         health = out.by_source.setdefault(source,
                                           {"unaligned": [], "logprob": [], "length": [], "roundtrip_failed": []})
         health["unaligned"].append(conv.residual.unaligned_fraction)
         health["logprob"].append(conv.residual.logprob_residual)
         health["length"].append(conv.residual.length_ratio)
         health["roundtrip_failed"].append(0.0 if conv.residual.roundtrip_ok else 1.0)
-        if conv.text != claimed_text:
+        if conv.text != claimed_text:  # the peer's own ids do not spell the text it claims: a false claim
             out.rejected["text_mismatch"] += 1
             out.failures[source] += 1
             return False
         reason = self._record(out, conv)
         if reason:
+            # the receiver cannot carry this text over (a character its vocabulary cannot spell, a residual over
+            # the budget): a limit of the pair of tokenizers, never held against the peer's reputation
             out.rejected[reason] += 1
-            out.failures[source] += 1
             out.count(source, "thl_rejected")
             return False
         return True
