@@ -120,6 +120,11 @@ def test_two_policies_three_steps_over_processes(tmp_path):
         assert rollout_versions == [0, 1, 2, 3]  # each step sampled with the previous step's weights
         assert (out / "checkpoints" / name / "config.json").is_file()
     assert (out / "summary.json").is_file() and (out / "curves.png").is_file()
+    # the run is over: its services no longer answer, and status says they finished (not that they are down)
+    status = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "status", str(out)], capture_output=True,
+                            text=True, timeout=60)
+    assert status.returncode == 0 and status.stdout.count("finished") >= 4 and " down " not in status.stdout, \
+        status.stdout
     summary = json.loads((out / "summary.json").read_text())["policies"]
     # the same summary as `mutualrl run`: rollouts counted, rejections by reason
     for name in ("llama-char", "qwen-bpe"):

@@ -103,4 +103,4 @@ def test_up_with_an_unreachable_broker_exits_2_fast_in_one_line(tmp_path):
     elapsed = time.monotonic() - t0
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "cannot reach Redis" in lines[0], p.stdout + p.stderr
-    assert elapsed < 15, elapsed
+    assert elapsed < 5, elapsed  # the broker is checked before anything is planned or imported

@@ -59,3 +59,23 @@ def test_steady_costs_replan_at_most_once_per_50_steps():
     for seed in range(3):
         sc = build_scenario(4, 32, 4, seed=seed, steps=200, drift=0.0)
         assert run(sc, Mwra(sc.move_cost_s)).replans <= 200 // 50
+
+
+def test_the_gang_aware_bound_by_hand():
+    """Two policies on 6 GPUs, no noise, no drift: a with work 8 GPU-s a step and generation half of it on TP 2
+    (its gang: 2 + 1 = 3), b with work 1 (gang 1 + 1 = 2), 10 steps. The plain bound spreads all 90 GPU-s over
+    6 GPUs: 15 s. With whole gangs, b holds 2 GPUs however little it does, so a gets 4 at most, split 2 + 2:
+    generation 40 GPU-s on 2 GPUs = 20 s, training 40 on 2 = 20 s; the bound is 20 s, and so is the best run."""
+    from mutualrl.services.mwra.simulator import FixedPlan, gang_lower_bound
+
+    pol = (SimPolicy(PolicyDemand("a", 8.0, 0.5, rollout_tp=2), length_sigma=1e-9, samples_per_step=1),
+           SimPolicy(PolicyDemand("b", 1.0, 0.5), length_sigma=1e-9, samples_per_step=1))
+    sc = Scenario(pol, gpus=6, steps=10, staleness=0)
+    truth = [p.demand for p in pol]
+    assert gang_lower_bound(truth, sc.costs(), 6) == pytest.approx(20.0, rel=1e-6)
+    r = run(sc, FixedPlan({"a": 4, "b": 2}))
+    assert r.lower_bound_s == pytest.approx(15.0, rel=1e-6)
+    assert r.makespan_s == pytest.approx(20.0, rel=1e-6) and r.makespan_over_gang_bound == pytest.approx(1.0)
+    # on 5 GPUs a gets 3: 2 rollout (its TP group) + 1 learner, training 40 GPU-s on 1 GPU = 40 s
+    assert gang_lower_bound(truth, sc.costs(), 5) == pytest.approx(40.0, rel=1e-6)
+    assert gang_lower_bound(truth, sc.costs(), 4) == float("inf")  # the gangs need 5

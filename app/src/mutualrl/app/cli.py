@@ -80,6 +80,13 @@ def up(config: ConfigFile, set_: Overrides = None, out_dir: RunDir = None) -> No
     """Run an experiment as services: Redis (unless broker.url is set) and, per policy, a rollout
     service and a learner service, each its own supervised process on loopback ports."""
     cfg = _load(config, set_)
+    if cfg.broker.url is not None:  # the broker first: a closed port is one line and exit 2 within seconds,
+        from mutualrl.runtime.exchange_setup import probe_broker, redis_options  # before planning or torch
+
+        try:
+            probe_broker(redis_options(cfg.broker, cfg.broker.url))
+        except ConfigError as e:
+            raise _fail(str(e))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from mutualrl.app.launcher import run_services
 
@@ -101,7 +108,8 @@ def up(config: ConfigFile, set_: Overrides = None, out_dir: RunDir = None) -> No
 
 @app.command()
 def status(out_dir: Path = typer.Argument(..., help="The output directory of a `mutualrl up` run.")) -> None:
-    """Health, weights version, step and lag of every service of a running `mutualrl up`."""
+    """Health, weights version, step and lag of every service of a `mutualrl up` run: a service that answers
+    shows its health; one that does not is ``finished`` when the run wrote its summary, else ``down``."""
     import urllib.error
     import urllib.request
 
@@ -111,7 +119,8 @@ def status(out_dir: Path = typer.Argument(..., help="The output directory of a `
     if not path.is_file():
         raise _fail(f"{path} not found: is `mutualrl up --out {out_dir}` running?")
     info = json.loads(path.read_text())
-    table = Table(title=f"{out_dir} ({info['namespace']})")
+    finished = (out_dir / "summary.json").is_file()
+    table = Table(title=f"{out_dir} ({info['namespace']}{', finished' if finished else ''})")
     for col in ("service", "health", "step", "weights", "lag", "ops"):
         table.add_column(col)
     for name, svc in info["services"].items():
@@ -121,7 +130,7 @@ def status(out_dir: Path = typer.Argument(..., help="The output directory of a `
         except urllib.error.HTTPError as e:
             h = json.loads(e.read() or b"{}") or {"status": f"HTTP {e.code}"}
         except OSError:
-            h = {"status": "down"}
+            h = {"status": "finished" if finished else "down"}
         table.add_row(name, str(h.get("status")), str(h.get("step", "-")), str(h.get("weights_version", "-")),
                       str(h.get("lag", "-")), svc["ops"])
     out.print(table)

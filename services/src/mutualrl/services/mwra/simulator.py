@@ -100,11 +100,19 @@ class SimResult:
     stalled: bool = False
     post_loss_over_new_lower_bound: float | None = None
     timeline: list[tuple[float, str, int]] = field(default_factory=list)  # (finish time, policy, step)
+    gang_lower_bound_s: float | None = None  # the bound that knows each policy's minimum gang
 
     @property
     def makespan_over_lower_bound(self) -> float | None:
         """Makespan over the lower bound (None when the run stalled)."""
         return None if self.makespan_s is None else self.makespan_s / self.lower_bound_s
+
+    @property
+    def makespan_over_gang_bound(self) -> float | None:
+        """Makespan over the gang-aware lower bound: what a plan that can exist is measured against."""
+        if self.makespan_s is None or not self.gang_lower_bound_s:
+            return None
+        return self.makespan_s / self.gang_lower_bound_s
 
     def to_dict(self) -> dict:
         """The result as JSON."""
@@ -368,6 +376,7 @@ def run(scenario: Scenario, strategy: Strategy, costs: np.ndarray | None = None)
     return SimResult(
         strategy.name, makespan, lb, busy / capacity, max(step_times), min(step_times), lag, strategy.replans, partial,
         _longest_gap(timeline, makespan), post_loss_over_new_lower_bound=post, timeline=timeline,
+        gang_lower_bound_s=gang_lower_bound(truth, costs, sc.gpus),
     )
 
 
@@ -415,6 +424,55 @@ def _lower_bound(truth: Sequence[PolicyDemand], costs: np.ndarray, gpus: int) ->
     single = max(costs[k].sum() / min(gpus, d.max_gpus or gpus) + d.sync_seconds * costs.shape[1]
                  for k, d in enumerate(truth))
     return float(max(spread, single))
+
+
+def _gpus_for_speed(x: float, eta: float) -> float:
+    """The fewest GPUs (a real number) that reach speed ``x`` when ``g`` GPUs run at ``1 + eta * (g - 1)``."""
+    if x <= 0:
+        return 0.0
+    return 1.0 + (x - 1.0) / eta if x > 1 else 1.0
+
+
+def _gang_need(d: PolicyDemand, work: float, steps: int, makespan: float) -> int:
+    """The fewest whole GPUs on which ``d`` does ``work`` GPU-seconds of ``steps`` steps within ``makespan`` with
+    one split: each role fast enough for its share (generation and training overlap; the weight sync does not),
+    the rollout in whole TP groups, each role at least its minimum, the total on the policy's grid."""
+    busy = makespan - d.sync_seconds * steps
+    if busy <= 0:
+        return 10 ** 9
+    f = d.generate_fraction
+    r = _gpus_for_speed(f * work / busy, d.scaling_efficiency)
+    rollout = max(d.min_rollout, d.rollout_tp * math.ceil(r / d.rollout_tp - 1e-9)) if f > 0 else d.min_rollout
+    learner = max(d.learner_min_gpus, math.ceil(_gpus_for_speed((1 - f) * work / busy, d.scaling_efficiency) - 1e-9))
+    g = d.min_gang + max(0, math.ceil((rollout + learner - d.min_gang) / d.granularity - 1e-9)) * d.granularity
+    if d.max_gpus is not None and g > d.max_gpus:
+        return 10 ** 9  # not within this makespan on any number of GPUs it can use
+    return g
+
+
+def gang_lower_bound(truth: Sequence[PolicyDemand], costs: np.ndarray, gpus: int) -> float:
+    """The gang-aware bound: the smallest makespan M with sum_k need_k(M) <= G, need_k(M) = max(gang_k, W_k / M) in
+    whole GPUs per role — the rollout's in TP groups — for policy k's work W_k (docs/mwra.md, "Bounds"). Under
+    bounded staleness every policy runs until the end and holds its GPUs while it runs, so no plan that keeps one
+    integer split per policy finishes sooner; the plain bound (work / G) ignores gangs and whole GPUs. A plan that
+    changes its splits over time can hold, say, 2.5 GPUs on average and come in just under it."""
+    if sum(d.min_gang for d in truth) > gpus:
+        return math.inf
+    work, steps = costs.sum(axis=1), costs.shape[1]
+
+    def fits(m: float) -> bool:
+        return sum(_gang_need(d, w, steps, m) for d, w in zip(truth, work)) <= gpus
+
+    lo = _lower_bound(truth, costs, gpus)
+    if fits(lo):
+        return lo
+    hi = lo * 2
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+    for _ in range(60):  # bisection on M: the GPUs needed fall as M grows
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
 
 
 def _post_loss_ratio(truth, costs, finish, progress: int, gpus: int) -> float | None:
