@@ -273,3 +273,13 @@ def test_the_cuda_image_pins_the_engine_release_the_chart_runs():
         assert engine_container({"backend": backend}, 1)["image"] == tag  # MWRA's default
         assert tag in chart
         assert not set(re.findall(rf"{re.escape(repo)}:v[\w.]+", chart)) - {tag}
+
+
+def test_every_alert_links_its_runbook_section_in_docs_deploy():
+    rules = yaml.safe_load((CHART / "files" / "alerts.yml").read_text())["groups"][0]["rules"]
+    headings = {line[4:].strip().lower() for line in (ROOT / "docs" / "deploy.md").read_text().splitlines()
+                if line.startswith("### ")}
+    for r in rules:
+        url = r["annotations"]["runbook_url"]
+        assert url.startswith("https://github.com/mutualrl/mutualrl/blob/main/docs/deploy.md#"), url
+        assert url.rsplit("#", 1)[1] == r["alert"].lower() and r["alert"].lower() in headings, r["alert"]

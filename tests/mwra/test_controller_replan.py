@@ -48,9 +48,10 @@ def test_the_first_measured_plan_gets_the_calibration_bar_and_later_ones_the_hys
     exp = controller.submit(parse_config(YAML, "t", check_paths=False), YAML)
     for step in (1, 2, 3):
         _measure(controller, exp.id, step)
-    # one judgement per finished measurement once both policies have one: 1 at step 1, 2 at steps 2 and 3
+    # the first calibration once both policies have a measurement; then nothing until a full window: an average
+    # of a few noisy steps is not drift
     assert exp.config.mwra.min_gain == 0.10
-    assert [b for _, b in seen] == [CALIBRATION_GAIN] + [0.10] * 4
+    assert [b for _, b in seen] == [CALIBRATION_GAIN]
     assert exp.schedule.calibrations == 1
     # the simulator's MWRA, whose plans the benchmark proves, uses the same bar
     assert Mwra(move_cost_s=120.0).schedule.calibration_gain == controller.calibration_gain == CALIBRATION_GAIN
@@ -64,9 +65,10 @@ def test_each_experiment_is_judged_by_its_own_mwra_settings(monkeypatch):
     controller = Controller(InMemoryBackend([Node(f"n{i}", 8) for i in range(4)]))
     exp = controller.submit(parse_config(text, "t", check_paths=False), text)
     assert exp.measured.alpha == 0.5
-    for step in (1, 2):
+    for step in range(1, exp.measured.window + 2):
         _measure(controller, exp.id, step)
-    assert seen == [(30.0, CALIBRATION_GAIN), (30.0, 0.25), (30.0, 0.25)]
+    assert seen[:2] == [(30.0, CALIBRATION_GAIN), (30.0, CALIBRATION_GAIN)]
+    assert seen[2:] and set(seen[2:]) == {(30.0, 0.25)}
 
 
 def test_a_full_window_of_measurements_is_judged_once_more_as_calibration_on_the_window_line(monkeypatch):
@@ -77,11 +79,10 @@ def test_a_full_window_of_measurements_is_judged_once_more_as_calibration_on_the
     for step in range(1, window + 3):
         _measure(controller, exp.id, step)
     bars = [b for _, b in seen]
-    # judgement k (0-based) follows measurement k+2 of the run (the first needs both policies):
-    # "large"'s 60th is measurement 2 * 60
-    full_at = 2 * window - 2
-    assert [i for i, b in enumerate(bars) if b == CALIBRATION_GAIN] == [0, full_at]
-    assert set(bars) == {CALIBRATION_GAIN, exp.config.mwra.min_gain}
+    # the first judgement needs both policies' first measurement; the next is the full window ("large"'s 60th
+    # measurement), then cost drift (the calibrations moved nothing: every step cost the same, so no dwell)
+    assert [i for i, b in enumerate(bars) if b == CALIBRATION_GAIN] == [0, 1]
+    assert set(bars[2:]) == {exp.config.mwra.min_gain}
     assert exp.schedule.calibrations == 2
     # every step reported the same seconds, so the window's line gives the same W as the average
-    assert costs[full_at] == pytest.approx(costs[full_at - 1])
+    assert costs[1] == pytest.approx(costs[2])

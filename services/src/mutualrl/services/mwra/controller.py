@@ -23,6 +23,7 @@ from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.metrics import MwraMetrics
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
+    DWELL_STEPS,
     MeasuredCosts,
     Node,
     Plan,
@@ -115,7 +116,8 @@ class Controller:
             spec = RunSpec.from_config(exp_id, yaml_text, cfg, run_see_keys(cfg))
             exp = Experiment(exp_id, cfg, yaml_text, spec, demands_from_config(cfg), plan,
                              measured=MeasuredCosts(alpha=cfg.mwra.ema_alpha),
-                             schedule=ReplanSchedule(cfg.mwra.min_gain, self.calibration_gain))
+                             schedule=ReplanSchedule(cfg.mwra.min_gain, self.calibration_gain,
+                                                     dwell=DWELL_STEPS * len(cfg.policies)))
             self.backend.apply(spec, plan)
             self.experiments[exp_id] = exp
             self._record(exp, plan, "initial")
@@ -154,6 +156,7 @@ class Controller:
             if old is None or (old.rollout_gpus, old.learner_gpus) != (a.rollout_gpus, a.learner_gpus):
                 exp.moved_at[name] = exp.steps.get(name, 0)
         self.backend.apply(exp.spec, candidate)
+        exp.schedule.moved()
         self._record(exp, candidate, reason)
         return True
 
@@ -188,6 +191,8 @@ class Controller:
             if len(exp.measured.values) < len(exp.demands) or exp.status != "running":
                 return False
             judgement = exp.schedule.next(exp.measured.window_full([d.name for d in exp.demands]))
+            if judgement is None:
+                return False
             return self.replan(exp, judgement.reason, min_gain=judgement.min_gain, window_fit=judgement.window_fit)
 
     # ---- the loop ------------------------------------------------------------------------------

@@ -370,28 +370,48 @@ class Judgement:
 
 @dataclass
 class ReplanSchedule:
-    """Which bar the next plan made from measurements must clear (docs/mwra.md, "Planning").
+    """Which bar the next plan made from measurements must clear, and when a plan may be judged at all
+    (docs/mwra.md, "Planning").
 
     Two calibrations, each judged once, adopted or not: the first measurement of every policy (it
     corrects seeding errors of tens of percent), then the first time every policy has a full window of
     measurements — a single step's cost carries the response-length noise (about 8 % per step), so
     the first calibration can leave a plan one GPU off, which the 10 % hysteresis would keep for the
-    rest of the run. Every other judgement is cost drift under the experiment's ``min_gain``. The
-    controller and the simulator each hold one, so the rule the simulator proves is the rule the
-    controller runs."""
+    rest of the run. Between them nothing is judged: an average of a few noisy steps is not drift. After
+    them every judgement is cost drift under the experiment's ``min_gain``. After any move (:meth:`moved`)
+    nothing but a forced re-plan happens for ``dwell`` measurements, so steady costs move gangs at most once
+    per dwell however the noise falls. The controller and the simulator each hold one, so the rule the
+    simulator proves is the rule the controller runs."""
     min_gain: float = 0.10
     calibration_gain: float = CALIBRATION_GAIN
+    dwell: int = 0  # measurements (a policy's step each) to wait after a move before judging again
     calibrations: int = 0  # judged so far: 0, 1 (first measurement) or 2 (full window)
+    since_move: int = 10 ** 9
 
-    def next(self, window_full: bool) -> Judgement:
-        """The next judgement: a calibration re-plan on first measurements, then the configured gain bar."""
+    def next(self, window_full: bool) -> Judgement | None:
+        """The next judgement (None: do not judge now): a calibration on first measurements and on the first full
+        window, then the configured gain bar; none within ``dwell`` measurements of a move."""
+        self.since_move += 1
         if self.calibrations == 0:
             self.calibrations = 1
             return Judgement("measured", self.calibration_gain)
-        if self.calibrations == 1 and window_full:
+        if self.since_move <= self.dwell:
+            return None
+        if self.calibrations == 1:
+            if not window_full:
+                return None
             self.calibrations = 2
             return Judgement("measured", self.calibration_gain, window_fit=True)
         return Judgement("cost_drift", self.min_gain)
+
+    def moved(self) -> None:
+        """A plan was adopted (or forced): the dwell starts again."""
+        self.since_move = 0
+
+
+DWELL_STEPS = 50
+"""Steps (of every policy) a plan is kept before cost drift may move it again: at most one move per 50 steps
+when costs are steady, where each move costs a pod start, a model load and a weight sync."""
 
 
 def decide_replan(

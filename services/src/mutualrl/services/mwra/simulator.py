@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
+    DWELL_STEPS,
     MAX_HORIZON_STEPS,
     Allocation,
     MeasuredCosts,
@@ -240,11 +241,13 @@ class Mwra(Strategy):
         super().__init__()
         self.move_cost_s, self.max_horizon = move_cost_s, max_horizon
         self.schedule = ReplanSchedule(min_gain, calibration_gain)
+        self.dwell_steps = DWELL_STEPS
         self.measured = MeasuredCosts(alpha=alpha)
 
     @override
     def initial(self, estimates, nodes):
         self.demands, self.nodes = list(estimates), list(nodes)
+        self.schedule.dwell = self.dwell_steps * len(self.demands)
         self.plan = make_plan(self.demands, self.nodes)
         return self.plan
 
@@ -254,6 +257,8 @@ class Mwra(Strategy):
         if len(self.measured.values) < len(self.demands):
             return None  # re-plan only once every policy has been measured
         judgement = self.schedule.next(self.measured.window_full([d.name for d in self.demands]))
+        if judgement is None:
+            return None
         current = self.measured.apply(self.demands, planning_horizon(remaining_steps, self.max_horizon),
                                       judgement.window_fit)
         candidate = make_plan(current, self.nodes, self.plan.generation + 1, judgement.reason)
@@ -261,6 +266,7 @@ class Mwra(Strategy):
         if not decision.replan:
             return None
         self.replans += 1
+        self.schedule.moved()
         self.plan = candidate
         return candidate
 
@@ -268,6 +274,7 @@ class Mwra(Strategy):
     def node_lost(self, nodes, remaining_steps):
         self.nodes = list(nodes)
         self.replans += 1
+        self.schedule.moved()
         self.plan = make_plan(self.measured.apply(self.demands, planning_horizon(remaining_steps, self.max_horizon)),
                               self.nodes, self.plan.generation + 1, "node_lost")
         return self.plan
