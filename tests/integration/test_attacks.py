@@ -140,3 +140,21 @@ def test_an_honest_peer_whose_rows_the_receiver_cannot_spell_is_never_quarantine
         assert rec["peer_rejected"].get("thl_roundtrip") == 8, rec["peer_rejected"]
         assert rec["peers_quarantined"] == [] and not rec.get("reputation_events")
     assert a_learner.totals["peer_quarantined"] == 0
+
+
+def test_a_peer_row_of_an_earlier_step_is_refused_as_late_not_as_an_unknown_prompt(arithmetic_task):
+    """Under bounded peers a row of step t−1 (within the lag) can arrive while the receiver trains step t: its
+    prompt is step t−1's, which step t cannot re-verify. Its reason is `late`; `unknown_prompt` is kept for a
+    prompt that never was."""
+    ex, _, pols = _setup(arithmetic_task, mode="naive")
+    a_arts, _, _, a_learner = pols["a"]
+    b_tok, b_fp = pols["b"][0].tokenizer, pols["b"][0].fingerprint
+    earlier, now = Problem("1+2=", "3"), [Problem("12+34=", "46")]
+    _own_all_fail(ex, a_arts, now, step=2)
+    ids = b_tok("3", add_special_tokens=False)["input_ids"] + [b_tok.eos_token_id]
+    for step, pid in ((1, earlier.prompt_id), (2, "never-a-prompt")):
+        ex.publish(pb.Rollout(prompt_id=pid, prompt_text=earlier.prompt, completion_text="3", token_ids=ids,
+                              logprobs=[-0.5] * len(ids), reward=1.0, step=step, sample_index=0, group_size=4,
+                              finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
+    rec = a_learner.train_step(2, now)
+    assert rec["peer_rejected"] == {"late": 1, "unknown_prompt": 1}

@@ -11,8 +11,8 @@ from mutualrl.see import ExperienceExchange, SeeCollector
 from mutualrl.services.learner.learner import Learner
 
 PEER_REJECTION_REASONS = (
-    "stale", "unknown_prompt", "prompt_mismatch", "text_mismatch", "reverify_failed", "quarantined", "malformed",
-    "empty",
+    "stale", "late", "unknown_prompt", "prompt_mismatch", "text_mismatch", "reverify_failed", "quarantined",
+    "malformed", "empty",
     "unknown_tokenizer", "invalid_stats", "duplicate_stats", "thl_unaligned", "thl_roundtrip",
 )
 OWN_REJECTION_REASONS = ("unknown_prompt", "malformed", "too_long", "bad_token", "bad_group", "too_stale", "late",

@@ -155,7 +155,12 @@ class PeerIntake:
             return None
         problem = problems.get(p.prompt_id)
         if problem is None:
-            out.rejected["unknown_prompt"] += 1
+            # a row of an earlier step (within the lag) is about that step's prompts, which this step cannot
+            # re-verify: it came too late to be used, it does not name a prompt that never existed
+            reason = "late" if p.step < step else "unknown_prompt"
+            out.rejected[reason] += 1
+            if reason == "late":
+                out.count(m.envelope.producer, "stale")
             return None
         if hasattr(p, "prompt_text") and problem.prompt != p.prompt_text:
             out.rejected["prompt_mismatch"] += 1
