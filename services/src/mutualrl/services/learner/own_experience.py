@@ -4,7 +4,6 @@ the learner's own verifier, and turned into training rows under the wire's field
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -19,13 +18,12 @@ from mutualrl.tasks import Problem, Verifier
 log = logging.getLogger("mutualrl.learner.own")
 
 
-def _digest(p) -> bytes:
-    """What a rollout says it sampled: its prompt and completion ids and their log-probs."""
-    h = hashlib.blake2b(digest_size=16)
-    for part in (list(p.prompt_token_ids), list(p.token_ids)):
-        h.update(repr(part).encode())
-    h.update(repr([round(x, 6) for x in p.logprobs]).encode())
-    return h.digest()
+def _same_sample(a: Received, b: Received) -> bool:
+    """Whether two rollouts say they sampled the same thing: prompt and completion ids and their log-probs.
+    Compared only when a (prompt, sample) arrives twice, never for every row."""
+    pa, pb = a.payload, b.payload
+    return (list(pa.prompt_token_ids) == list(pb.prompt_token_ids) and list(pa.token_ids) == list(pb.token_ids)
+            and list(pa.logprobs) == list(pb.logprobs))
 
 
 class OwnIntake:
@@ -59,7 +57,7 @@ class OwnIntake:
         or repeated message never takes the place of a real one. ``not_consumed`` drops what a
         checkpoint already covers."""
         have: list[Received] = []
-        seen: dict[tuple[str, int], tuple[int, bytes]] = {}  # (prompt, sample) -> (weights version, content)
+        seen: dict[tuple[str, int], Received] = {}  # (prompt, sample) -> the row taken for it
 
         def admit(rows: list[Received]) -> None:
             copies = []
@@ -69,10 +67,9 @@ class OwnIntake:
                 if reason is not None:
                     self._refuse(r, reason, totals)
                 elif key not in seen:
-                    seen[key] = (r.envelope.weights_version, _digest(r.payload))
+                    seen[key] = r
                     have.append(r)
-                elif seen[key] == (r.envelope.weights_version, _digest(r.payload)) \
-                        or seen[key][0] != r.envelope.weights_version:
+                elif seen[key].envelope.weights_version != r.envelope.weights_version or _same_sample(seen[key], r):
                     copies.append(r)  # the same sample again, or sampled again after a restart with newer weights
                 else:
                     self._refuse(r, "conflict", totals)

@@ -211,14 +211,13 @@ def volumes(spec: RunSpec, policy: str, role: str, owner: dict) -> list[dict]:
         models = {"hostPath": {"path": m.host_path, "type": "Directory"}}
     else:
         models = {"emptyDir": {}}
-    out = [
+    return [
         {"name": "config", "configMap": {"name": owner["name"]}},
         {"name": "weights", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
         {"name": "data", **({"persistentVolumeClaim": {"claimName": state}} if state else {"emptyDir": {}})},
         {"name": "tmp", "emptyDir": {}},
         {"name": "models", **models},
     ]
-    return out
 
 
 def service_mounts(role: str, index: int) -> list[dict]:
