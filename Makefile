@@ -57,15 +57,23 @@ demo: setup
 	$(BIN)/mutualrl run $(CONFIG)
 
 # the real-model extra (gguf, accelerate, reasoning-gym): tests of SmolLM2 and reasoning-gym tasks need it;
-# `make setup` stays quick without it
+# the tracking extra (MLflow's client, W&B): the tracker tests; `make setup` stays quick without them
 REAL_STAMP := $(VENV)/.real-extra
 $(REAL_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,real]"
+	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,real,tracking]"
+	touch $@
+
+# a real MLflow tracking server for the tracker tests, in a venv of its own: the server's dependencies
+# (graphene pins python-dateutil<3) fight the kubernetes client's
+MLFLOW_VENV := .venv-mlflow
+$(MLFLOW_VENV)/.installed:
+	$(PY) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install -q "mlflow==3.17.2"
 	touch $@
 
 real: $(REAL_STAMP)
 
-test: setup $(REAL_STAMP) lint
+test: setup $(REAL_STAMP) $(MLFLOW_VENV)/.installed lint
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not deploy" --ignore=tests/deploy tests
 
 # pyflakes-class errors everywhere; a docstring on every public class of the package
@@ -121,7 +129,7 @@ test-slow: setup $(REAL_STAMP)
 # every benchmark runs; those whose goals were missed are named at the end (exit 1)
 BENCH_STAMP := $(VENV)/.bench-extra
 $(BENCH_STAMP): $(REAL_STAMP)
-	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,real,bench]"
+	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,real,tracking,bench]"
 	touch $@
 
 bench: setup $(BENCH_STAMP)
@@ -129,4 +137,4 @@ bench: setup $(BENCH_STAMP)
 	if [ -n "$$fail" ]; then echo "goals missed:$$fail"; exit 1; fi
 
 clean:
-	rm -rf gen $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) .pytest_cache
+	rm -rf gen $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) $(MLFLOW_VENV) .pytest_cache

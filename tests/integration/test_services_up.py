@@ -100,6 +100,8 @@ def test_two_policies_three_steps_over_processes(tmp_path):
                 assert "mutualrl_rollouts_consumed_total{" in text
                 assert "mutualrl_shared_in_total{" in text
                 assert "mutualrl_thl_unaligned_ratio{" in text
+                # each learner's tracker (TensorBoard by default) counts what it drops, from 0
+                assert 'mutualrl_tracking_dropped_points_total{backend="tensorboard",policy=' in text
         status = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "status", str(out)], capture_output=True,
                                 text=True, timeout=60)
         assert status.returncode == 0 and status.stdout.count(" ok ") >= 4, status.stdout
@@ -120,6 +122,8 @@ def test_two_policies_three_steps_over_processes(tmp_path):
         assert rollout_versions == [0, 1, 2, 3]  # each step sampled with the previous step's weights
         assert (out / "checkpoints" / name / "config.json").is_file()
     assert (out / "summary.json").is_file() and (out / "curves.png").is_file()
+    # each learner logged its own policy into the run's one TensorBoard directory
+    assert all(list((out / "tensorboard" / name).glob("events.out.tfevents.*")) for name in ("llama-char", "qwen-bpe"))
     # the run is over: its services no longer answer, and status says they finished (not that they are down)
     status = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "status", str(out)], capture_output=True,
                             text=True, timeout=60)

@@ -55,7 +55,12 @@ def validate(config: ConfigFile, set_: Overrides = None) -> None:
     cfg = _load(config, set_)
     names = ", ".join(p.name for p in cfg.policies)
     out.print(f"[green]ok[/] {config}: {len(cfg.policies)} policies ({names}), sharing={cfg.sharing.describe()}, "
-              f"steps={cfg.budget.steps}")
+              f"steps={cfg.budget.steps}, tracking={','.join(cfg.tracking.backends)}")
+    from mutualrl.tracking import missing
+    from mutualrl.tracking.tracker import HINTS
+
+    for name in missing(cfg.tracking.trackers()):  # not an error: the run logs without it
+        out.print(f"[yellow]note:[/] tracking backend {name} is not installed ({HINTS[name]})", highlight=False)
 
 
 @app.command()
@@ -134,6 +139,39 @@ def status(out_dir: Path = typer.Argument(..., help="The output directory of a `
         table.add_row(name, str(h.get("status")), str(h.get("step", "-")), str(h.get("weights_version", "-")),
                       str(h.get("lag", "-")), svc["ops"])
     out.print(table)
+
+
+def tensorboard_logdir(path: Path) -> Path:
+    """Where a run's (or a compare's) event files are: the run's ``tracking.tensorboard.dir``, else
+    ``<run>/tensorboard``, else the folder itself (a compare, or a folder of runs)."""
+    import yaml
+
+    cfg_file = path / "config.yaml"
+    if cfg_file.is_file():
+        custom = ((yaml.safe_load(cfg_file.read_text()) or {}).get("tracking") or {}).get("tensorboard", {}).get("dir")
+        if custom:
+            return Path(custom)
+    return path / "tensorboard" if (path / "tensorboard").is_dir() else path
+
+
+@app.command()
+def watch(path: Path = typer.Argument(..., help="A run's output directory (or a compare's: every run side by "
+                                                "side)."),
+          port: int = typer.Option(6006, help="TensorBoard's port."),
+          host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 to share it).")) -> None:
+    """Open a run in TensorBoard: every policy's curves, overlaid, updated while it trains."""
+    import subprocess
+
+    if not path.exists():
+        raise _fail(f"{path} not found: give a run's output directory (runs/<name>) or a compare's")
+    logdir = tensorboard_logdir(path)
+    if not any(logdir.rglob("events.out.tfevents.*")):  # a run that has not logged yet: shown once it does
+        out.print(f"[yellow]note:[/] no TensorBoard event files under {logdir} yet (a run without tensorboard in "
+                  "tracking.backends writes none)", highlight=False)
+    out.print(f"TensorBoard for {logdir} on http://{host}:{port} (Ctrl-C stops it)")
+    code = subprocess.call([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", host,
+                            "--port", str(port)])
+    raise typer.Exit(code)
 
 
 serve_app = typer.Typer(no_args_is_help=True, help="Run one service (started by `mutualrl up`).")

@@ -22,6 +22,7 @@ Each run writes ``<out>/runs/<entry>/<pair>/seed<k>/`` (the files of `mutualrl r
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,7 +160,12 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable,
             continue
         sets = [*spec.entries[entry], f"seed={seed}", *([f"budget.steps={spec.steps}"] if spec.steps else [])]
         # every config is checked before the first run starts
-        pending.append((label, load_config(spec.pairs[pair], sets), d))
+        cfg = load_config(spec.pairs[pair], sets)
+        # a tracker overlays and filters the compare's runs by these (docs/tracking.md)
+        cfg.tracking.tags = {**cfg.tracking.tags, "compare": spec.name, "entry": entry, "pair": pair,
+                             "seed": str(seed)}
+        pending.append((label, cfg, d))
+    _nest_in_mlflow(spec, out, [cfg for _, cfg, _ in pending])
     if pending:
         _log_session(out, session, "start", jobs=jobs, pending=len(pending))
     try:
@@ -178,6 +184,28 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable,
         kept = sum((run_dir(out, e, p, s) / "summary.json").is_file() for e, p, s in todo)
         raise CompareInterrupted(kept, len(todo)) from None
     return done
+
+
+def _nest_in_mlflow(spec: CompareSpec, out: Path, configs: list) -> None:
+    """When the runs log to MLflow: one run for the compare, each run's parent nested under it, and its page
+    recorded for the report (``tracking.json``). A server that cannot be reached only costs the nesting."""
+    logged = [c for c in configs if "mlflow" in c.tracking.backends]
+    if not logged:
+        return
+    first = logged[0].tracking.mlflow
+    try:
+        from mutualrl.tracking.mlflow_backend import compare_run
+
+        run_id, url = compare_run(first.tracking_uri, first.experiment or spec.name, spec.name)
+    except Exception as e:  # the runs still log, unnested; training is never stopped by a tracker
+        print(f"tracking: the compare's MLflow run could not be made ({type(e).__name__}: {e}); runs log unnested",
+              file=sys.stderr)
+        return
+    for c in logged:
+        c.tracking.mlflow.experiment = c.tracking.mlflow.experiment or spec.name
+        c.tracking.mlflow.parent_run_id = run_id
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tracking.json").write_text(json.dumps({"mlflow_run_id": run_id, "mlflow_url": url}))
 
 
 def _run_parallel(pending, runner: Callable, jobs: int, out: Path, session: float, done: list[Path], total: int,
@@ -282,7 +310,23 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
         results["steps_by_pair"][pair] = sorted(steps_seen)
         results["wall_by_pair"][pair] = {e: {"run_s": ci95(w["run"]), "rl_s": ci95(w["rl"])} for e, w in walls.items()}
     results["compute"] = compute(spec, out)
+    results["tracking"] = tracking_links(out)
     return results
+
+
+def tracking_links(out: Path) -> dict:
+    """Where the compare's runs can be looked at in a tracker: the TensorBoard command over every run's event
+    files (each run's directory names its entry, pair and seed), and the MLflow run they nest under."""
+    links: dict = {}
+    if any(out.glob("runs/*/*/*/tensorboard")):
+        links["tensorboard"] = f"tensorboard --logdir {out / 'runs'}"
+    f = out / "tracking.json"
+    if f.is_file():
+        try:
+            links.update({k: v for k, v in json.loads(f.read_text()).items() if v})
+        except json.JSONDecodeError:
+            pass
+    return links
 
 
 def compute(spec: CompareSpec, out: Path) -> dict:
@@ -384,6 +428,16 @@ def report_md(results: dict) -> str:
                              f"{_fmt(r['auc'])} | {_fmt(r['rollouts_to_target_ratio'], pct=False)} | "
                              f"{_fmt(r['paired_vs_baseline'], signed=True)} |")
         lines += ["", *_wall_lines(results, pair)]
+    links = results.get("tracking") or {}
+    if links:
+        lines += ["## In a tracker", ""]
+        if "tensorboard" in links:
+            lines.append(f"- TensorBoard, every run side by side (filter runs by `<entry>/<pair>/seed<n>`): "
+                         f"`{links['tensorboard']}`")
+        if "mlflow_url" in links or "mlflow_run_id" in links:
+            lines.append(f"- MLflow: the compare's run {links.get('mlflow_url') or links['mlflow_run_id']}, each run a "
+                         "child tagged entry, pair and seed")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 

@@ -57,6 +57,10 @@ def _signing_keys(policy: str, role: str, policies: list[str]) -> str:
     return ",".join(f"{s}={_secret(key_env(s))}" for s in dict.fromkeys([own, *services_read(policy, role, policies)]))
 
 
+TRACKER_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_KEY")
+"""A team's tracker, from .env: passed to the learners only when set."""
+
+
 def _policy_service(policy: str, role: str, profile: str, config_file: str, policies: list[str],
                     group: str | None = None) -> dict[str, Any]:
     flavor = "cpu" if profile == "cpu" else "cuda"
@@ -74,6 +78,8 @@ def _policy_service(policy: str, role: str, profile: str, config_file: str, poli
         "restart": "on-failure",
         "labels": {"mutualrl.io/policy": policy, "mutualrl.io/role": role},
     }
+    if role == "learner":  # the learner logs its policy to the trackers of `tracking.backends` (docs/tracking.md)
+        svc["environment"].update({v: f"${{{v}:-}}" for v in TRACKER_ENV})
     return svc
 
 
@@ -160,6 +166,15 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
         "environment": {"MUTUALRL_API_TOKEN": TOKEN, "MUTUALRL_OPS_PORT": "8080"},
         "ports": ["127.0.0.1:8080:8080"],
         "restart": "on-failure",
+    }
+    # every learner writes <run volume>/tensorboard/<policy>: one TensorBoard shows the policies side by side
+    services["tensorboard"] = {
+        "image": IMAGE.format(flavor="cpu"),
+        "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
+        "command": ["watch", "/data", "--host", "0.0.0.0", "--port", "6006"],
+        "volumes": ["data:/data:ro"],
+        "ports": ["127.0.0.1:6006:6006"],
+        "restart": "unless-stopped",
     }
     services["prometheus"] = {
         "image": "prom/prometheus:v2.53.0",

@@ -61,6 +61,14 @@ class LiveReporter(Reporter):
             self.console.print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", highlight=False, markup=False)
 
     @override
+    def note(self, text: str) -> None:
+        self.console.print(text, highlight=False, markup=False)  # above the live table, which stays
+
+    @override
+    def warn(self, text: str) -> None:
+        self.console.print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+
+    @override
     def step(self, step: int, total: int, records: list[dict]) -> None:
         if self.live:
             self._phase = "training"

@@ -8,6 +8,7 @@ them into processes swaps transports, not logic.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.factory import build_engine, probe_engine
 from mutualrl.services.rollout.http_engines import EngineUnavailable
 from mutualrl.services.rollout.setup import make_worker
+from mutualrl.tracking import WarnOnce, open_tracker
+from mutualrl.tracking.identity import new_group, run_info
+from mutualrl.tracking.sink import RecordSink
 from mutualrl.weights import WeightStore
 from mutualrl.weights.handshake import WeightsFollower
 
@@ -82,6 +86,13 @@ class Reporter:
     def step(self, step: int, total: int, records: list[dict]) -> None:
         """Step ``step`` of ``total`` finished with these records."""
 
+    def note(self, text: str) -> None:
+        """A line worth keeping on screen (where to watch the run)."""
+
+    def warn(self, text: str) -> None:
+        """Something the user should know that does not stop the run (a tracker down, say)."""
+        print(text, file=sys.stderr, flush=True)
+
 
 def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange, store: WeightStore,
                     rep: Reporter) -> list[PolicyRuntime]:
@@ -124,7 +135,7 @@ def _sample_ahead(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distribu
 
 def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor,
            followers: dict[str, WeightsFollower],
-           writer: MetricsWriter, rep: Reporter) -> dict[str, float]:
+           writer: RecordSink, rep: Reporter) -> dict[str, float]:
     """The RL steps: every policy samples the step's prompts (and, pipelined, the next k steps'), then each
     learner's loop trains on them and the rollout side loads the new weights. Returns each policy's last
     held-out accuracy."""
@@ -188,12 +199,17 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     for rt in runtimes:
         rt.worker.weights_step = followers[rt.name].served_step
     distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+    group, once = new_group(), WarnOnce(rep.warn)
+    sink = RecordSink(writer, {rt.name: open_tracker(cfg.tracking, run_info(cfg, rt.name, group, out_dir), once)
+                               for rt in runtimes})
+    if "tensorboard" in cfg.tracking.backends:
+        rep.note(f"watch it: mutualrl watch {out_dir}  (TensorBoard on http://127.0.0.1:6006)")
     for rt in runtimes:
-        writer.write({"step": 0, "policy": rt.name, "rollouts": 0, "eval_accuracy": rt.warm_accuracy,
+        sink.write({"step": 0, "policy": rt.name, "rollouts": 0, "eval_accuracy": rt.warm_accuracy,
                       "phase": "warm_start"})
 
     rl_started = time.monotonic()
-    last_eval = _train(cfg, runtimes, distributor, followers, writer, rep)
+    last_eval = _train(cfg, runtimes, distributor, followers, sink, rep)
     writer.close()
     finished_rl = time.monotonic()
 
@@ -210,22 +226,23 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
         )
     records = read_metrics(metrics_path)
     plot_curves(records, out_dir / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.describe()}")
+    policies = {
+        rt.name: policy_summary(
+            source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,
+            warm_start_accuracy=rt.warm_accuracy, final_accuracy=last_eval[rt.name],
+            rollouts=rt.worker.total_rollouts,
+            rescue_count=rt.learner.totals["rescues"],
+            peer_rejections={k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items()
+                             if k.startswith("rejected_")},
+            tokenizer_fingerprint=rt.artifacts.fingerprint,
+        )
+        for rt in runtimes
+    }
+    tracking = sink.finish(policies)  # after the checkpoints: a slow tracker delays nothing users need
     return write_summary(
-        out_dir, cfg.name, cfg.sharing.describe(), cfg.budget.steps,
-        {
-            rt.name: policy_summary(
-                source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,
-                warm_start_accuracy=rt.warm_accuracy, final_accuracy=last_eval[rt.name],
-                rollouts=rt.worker.total_rollouts,
-                rescue_count=rt.learner.totals["rescues"],
-                peer_rejections={k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items()
-                                 if k.startswith("rejected_")},
-                tokenizer_fingerprint=rt.artifacts.fingerprint,
-            )
-            for rt in runtimes
-        },
+        out_dir, cfg.name, cfg.sharing.describe(), cfg.budget.steps, policies,
         # wall seconds of the whole run and of its RL steps (evaluations included, warm starts,
         # model loading and the final checkpoints not): what a compare's budget is made of
         elapsed_s=round(time.monotonic() - started, 1), rl_s=round(finished_rl - rl_started, 1),
-        threads=torch.get_num_threads(),
+        threads=torch.get_num_threads(), tracking=tracking,
     )

@@ -200,6 +200,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $k8s "state_claims" $claims -}}
 {{- end -}}
 {{- with .Values.imagePullSecrets }}{{ $_ := set $k8s "image_pull_secrets" (pluck "name" .) }}{{ end -}}
+{{- with .Values.tracking.credentialsSecret }}{{ $_ := set $k8s "tracking_secret" . }}{{ end -}}
+{{- $_ := set $exp "tracking" (include "mutualrl.tracking" . | fromYaml) -}}
 {{- $_ := set $exp "mwra" (dict "backend" "kubernetes" "min_gain" .Values.mwra.minGain "move_cost_s" .Values.mwra.moveCostSeconds "kubernetes" $k8s) -}}
 {{- toYaml $exp -}}
 {{- end -}}
@@ -276,4 +278,20 @@ initContainers:
       - {name: models, mountPath: /models}
       - {name: tmp, mountPath: /tmp}
 {{- end }}
+{{- end -}}
+
+
+{{/* The experiment file's tracking section from the values (docs/tracking.md). */}}
+{{- define "mutualrl.tracking" -}}
+{{- $t := .Values.tracking -}}
+{{- $out := dict "backends" $t.backends -}}
+{{- $ml := dict -}}
+{{- with $t.mlflow.trackingUri }}{{ $_ := set $ml "tracking_uri" . }}{{ end -}}
+{{- with $t.mlflow.experiment }}{{ $_ := set $ml "experiment" . }}{{ end -}}
+{{- if $ml }}{{ $_ := set $out "mlflow" $ml }}{{ end -}}
+{{- $wb := dict "project" $t.wandb.project "mode" $t.wandb.mode -}}
+{{- with $t.wandb.entity }}{{ $_ := set $wb "entity" . }}{{ end -}}
+{{- $_ := set $out "wandb" $wb -}}
+{{- with $t.tags }}{{ $_ := set $out "tags" . }}{{ end -}}
+{{- toYaml $out -}}
 {{- end -}}

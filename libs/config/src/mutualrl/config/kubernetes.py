@@ -146,6 +146,9 @@ class KubernetesConfig(Strict):
                                           "the rollout ledger), so a recreated pod resumes; a role without one "
                                           "keeps its state on the pod (lost with it).")
     image_pull_secrets: list[str] = Field(default_factory=list)
+    tracking_secret: Optional[str] = Field(None, pattern=_NAME, description="A Secret whose keys become the "
+                                           "learners' environment: a tracker's credentials (MLFLOW_TRACKING_USERNAME"
+                                           ", MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, WANDB_API_KEY).")
 
     @field_validator("state_claims")
     @classmethod

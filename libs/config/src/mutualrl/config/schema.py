@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from mutualrl.config.kubernetes import KubernetesConfig, PodConfig
 from mutualrl.config.strict import Strict as _Strict
+from mutualrl.config.tracking import TrackingConfig
 
 
 class ModelConfig(_Strict):
@@ -631,6 +632,7 @@ class ExperimentConfig(_Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     mwra: MwraConfig = Field(default_factory=MwraConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @property
     def start_seed(self) -> int:

@@ -25,6 +25,8 @@ from mutualrl.services.learner.loop import Checkpoints, LearnerLoop
 from mutualrl.services.learner.metrics import LearnerMetrics
 from mutualrl.services.learner.ranks import RankGroup, init_group, learner_world, rank_argv, rank_device
 from mutualrl.services.learner.setup import learner_transport, service_learner
+from mutualrl.tracking import open_tracker
+from mutualrl.tracking.identity import run_info
 from mutualrl.v1 import experience_pb2 as pb
 
 
@@ -108,6 +110,9 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
         return {"status": "ok", "role": "learner", "policy": p.name, "step": status["step"],
                 "weights_version": learner.version, "lag": max(0, peer_lag())}
 
+    # each learner logs its own policy; the SEE namespace ties the policies of one run together in a tracker
+    tracker = open_tracker(cfg.tracking, run_info(cfg, p.name, args.namespace, args.out_dir),
+                           warn=log.warning, registry=metrics.registry)
     ops = OpsServer(metrics.registry, health, cfg.launcher.host, args.ops_port).start()
     distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
     metrics_file = metrics_path.open("a")
@@ -136,6 +141,8 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
             if out.durable:
                 metrics_file.writelines(json.dumps(r) + "\n" for r in out.durable)
                 metrics_file.flush()
+                for r in out.durable:
+                    tracker.log(r)
             stages = {k: v for k, v in (rec.get("stage_seconds") or {}).items() if k != "wait"}
             if out.checkpoint_s is not None:
                 stages["checkpoint"] = out.checkpoint_s
@@ -149,9 +156,21 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
         else:
             _finish(args, ctx, loop, pp, learner, ranks, log)
     finally:
+        _close_tracker(tracker, loop, status["step"], log)
         ops.stop()
         metrics_file.close()
     return 0
+
+
+def _close_tracker(tracker, loop: LearnerLoop, step: int, log) -> None:
+    """The policy's final numbers to its trackers, which then close (within tracking.timeout_s)."""
+    final = {"steps_done": step, **{k: v for k, v in loop.learner.totals.items() if isinstance(v, int)}}
+    evals = [r["eval_accuracy"] for r in loop.records if r.get("eval_accuracy") is not None]
+    if evals:
+        final["final_accuracy"] = evals[-1]
+    sent = tracker.finish(final)
+    if sent:
+        log.info("tracking", extra={"fields": {"backends": sent}})
 
 
 def _log_step(log, step: int, rec: dict) -> None:

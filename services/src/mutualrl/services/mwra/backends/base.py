@@ -40,6 +40,8 @@ class RunSpec:
     # "<policy>.<role>" -> the PVC at /data (checkpoints, learner state, the rollout ledger)
     state_claims: dict[str, str] = field(default_factory=dict)
     image_pull_secrets: tuple[str, ...] = ()
+    # a Secret whose keys are the learners' tracker credentials (docs/tracking.md)
+    tracking_secret: str | None = None
 
     @classmethod
     def from_config(cls, run: str, yaml_text: str, cfg, see_keys: dict[str, str]) -> "RunSpec":
@@ -55,7 +57,7 @@ class RunSpec:
             redis_users_secret=k.redis_users_secret, see_keys=see_keys,
             weights_port=cfg.weights.port if cfg.weights.transport == "collective" else None,
             pods={p.name: p.kubernetes for p in cfg.policies}, models=k.models, state_claims=dict(k.state_claims),
-            image_pull_secrets=tuple(k.image_pull_secrets))
+            image_pull_secrets=tuple(k.image_pull_secrets), tracking_secret=k.tracking_secret)
 
 
 @dataclass(frozen=True)

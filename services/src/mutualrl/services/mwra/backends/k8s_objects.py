@@ -262,11 +262,15 @@ def service_container(spec: RunSpec, policy: str, role: str, index: int, gpus: i
     replica ``index`` of ``replicas`` samples its share of every step (``mutualrl.runtime.shard``)."""
     shard = [{"name": REPLICA_ENV, "value": str(index)},
              {"name": REPLICAS_ENV, "value": str(replicas)}] if role == "rollout" else []
+    # a learner logs its policy to the run's trackers, with their credentials from the run's Secret
+    tracker = {"envFrom": [{"secretRef": {"name": spec.tracking_secret}}]} if (
+        role == "learner" and spec.tracking_secret) else {}
     return {
         "name": role,
         "image": spec.image,
         "command": _command(spec, policy, role),
         "env": [*_env(spec, policy, role), *shard, *models_env(spec), {"name": "HF_HUB_OFFLINE", "value": "1"}],
+        **tracker,
         "ports": [{"name": n, "containerPort": p} for n, p in role_ports(spec, role)],
         "resources": service_resources(spec, policy, gpus),
         **probes(_pod_config(spec, policy), "ops"),

@@ -1,0 +1,232 @@
+"""Experiment tracking against the real things on loopback (docs/tracking.md): a 2-step demo run read back
+with TensorBoard's own event reader and from a real `tensorboard` server's scalars endpoint; a real `mlflow
+server` on SQLite holding the run's parent and one child per policy; W&B offline read back with its own
+`wandb leet inspect`; and an MLflow server killed in the middle of a run, which finishes anyway."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mutualrl.app.compare import CompareSpec, _nest_in_mlflow, tracking_links
+from mutualrl.app.embedded import Reporter, run_embedded
+from mutualrl.config import load_config
+from mutualrl.see.server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+MLFLOW = Path(os.environ.get("MUTUALRL_MLFLOW_SERVER", ROOT / ".venv-mlflow" / "bin" / "mlflow"))
+QUICK = ["budget.steps=2", "budget.prompts_per_step=4", "eval.every=1", "eval.size=16"]
+POLICIES = ("llama-char", "qwen-bpe")
+
+
+def _demo(*sets: str):
+    return load_config(ROOT / "examples" / "demo.yaml", [*QUICK, *sets])
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{url}: the server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer in {timeout} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _mlflow_server(tmp: Path) -> tuple[str, subprocess.Popen]:
+    if not MLFLOW.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{MLFLOW} is missing: `make test` installs the MLflow server into .venv-mlflow")
+        pytest.skip(f"no MLflow server at {MLFLOW} (`make test` installs it)")
+    port = free_port()
+    proc = subprocess.Popen([str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
+                             "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"],
+                            stdout=open(tmp / "mlflow.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    _wait_http(uri + "/health", 180, proc)
+    return uri, proc
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    uri, proc = _mlflow_server(tmp_path)
+    yield uri, proc
+    _stop(proc)
+
+
+def test_a_two_step_run_reads_back_from_its_event_files_and_a_real_tensorboard_server(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    summary = run_embedded(_demo(), out)  # tensorboard is on by default
+    records = [r for r in _records(out) if r.get("phase") != "warm_start"]
+    for policy in POLICIES:
+        acc = EventAccumulator(str(out / "tensorboard" / policy))
+        acc.Reload()
+        mine = [r for r in records if r["policy"] == policy]
+        reward = acc.Scalars("train/reward_mean")
+        assert [e.step for e in reward] == [1, 2]
+        assert [e.value for e in reward] == pytest.approx([r["reward_mean"] for r in mine])
+        assert [e.step for e in acc.Scalars("eval/accuracy")] == [0, 1, 2]  # the warm start, then every step
+        assert acc.Scalars("by_rollouts/eval_accuracy")[-1].step == mine[-1]["rollouts"]
+        tags = set(acc.Tags()["scalars"])
+        assert {"train/loss", "train/kl", "train/clip_frac", "train/grad_norm", "time/train_s",
+                "throughput/tokens_per_s", "sharing/rescues", "thl/residual", "final/final_accuracy"} <= tags
+        assert "config/text_summary" in acc.Tags()["tensors"]  # the resolved config beside the curves
+    assert summary["tracking"]["llama-char"]["tensorboard"]["dropped"] == 0
+
+    port = free_port()
+    tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(out / "tensorboard"),
+                           "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_http(base + "/data/runs", 120, tb)
+        deadline = time.monotonic() + 60
+        while set(json.loads(urllib.request.urlopen(base + "/data/runs").read())) != set(POLICIES):
+            assert time.monotonic() < deadline, "tensorboard did not list both policies"
+            time.sleep(1)
+        for policy in POLICIES:
+            q = urllib.parse.urlencode({"run": policy, "tag": "train/reward_mean"})
+            points = json.loads(urllib.request.urlopen(f"{base}/data/plugin/scalars/scalars?{q}").read())
+            want = [r["reward_mean"] for r in records if r["policy"] == policy]
+            assert [p[1] for p in points] == [1, 2] and [p[2] for p in points] == pytest.approx(want)
+    finally:
+        _stop(tb)
+
+
+def test_mlflow_holds_the_experiment_as_a_parent_run_and_each_policy_as_a_child(mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
+    uri, _ = mlflow_server
+    out = tmp_path / "run"
+    summary = run_embedded(_demo("tracking.backends=[jsonl,mlflow]", f"tracking.mlflow.tracking_uri={uri}",
+                                 "tracking.tags.team=rl"), out)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("demo")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("mutualrl.role") == "experiment"]
+    children = [r for r in runs if r.data.tags.get("mutualrl.role") == "policy"]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.params["budget.steps"] == "2"
+    assert parent.data.tags["seed"] == "0" and parent.data.tags["team"] == "rl"
+    assert "config.yaml" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+    records = [r for r in _records(out) if r.get("phase") != "warm_start"]
+    for child in children:
+        policy = child.data.tags["policy"]
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id and child.info.status == "FINISHED"
+        assert child.data.tags["sharing"] == "sgt" and child.data.tags["model"] in ("llama", "qwen2")
+        assert child.data.tags["tokenizer"] in ("char", "bpe") and child.data.tags["mutualrl.version"]
+        history = client.get_metric_history(child.info.run_id, "train/reward_mean")
+        want = [r["reward_mean"] for r in records if r["policy"] == policy]
+        history = sorted((m.step, m.value) for m in history)
+        assert [h[0] for h in history] == [1, 2] and [h[1] for h in history] == pytest.approx(want)
+        assert child.data.params["policies.0.name"] == "llama-char"
+        final = summary["policies"][policy]["final_accuracy"]
+        assert parent.data.metrics[f"{policy}/final/final_accuracy"] == pytest.approx(final)
+    assert all(v["mlflow"]["dropped"] == 0 for v in summary["tracking"].values())
+
+
+def test_a_compare_nests_its_runs_under_one_mlflow_run_and_the_report_links_it(mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
+    uri, _ = mlflow_server
+    spec_file = tmp_path / "c.yaml"
+    spec_file.write_text(f"name: tiny\nbaseline: a\nseeds: [0, 1]\npairs: {{p: {ROOT / 'examples' / 'demo.yaml'}}}\n"
+                         "entries: {a: []}\n")
+    spec = CompareSpec.load(spec_file)
+    configs = [_demo("tracking.backends=[jsonl,tensorboard,mlflow]", f"tracking.mlflow.tracking_uri={uri}")
+               for _ in range(2)]
+    out = tmp_path / "cmp"
+    _nest_in_mlflow(spec, out, configs)
+    _nest_in_mlflow(spec, out, configs)  # a resumed compare finds its run again
+    run_id = json.loads((out / "tracking.json").read_text())["mlflow_run_id"]
+    assert all(c.tracking.mlflow.parent_run_id == run_id and c.tracking.mlflow.experiment == "tiny" for c in configs)
+    client = MlflowClient(uri)
+    assert len(client.search_runs([client.get_experiment_by_name("tiny").experiment_id])) == 1
+    run_embedded(configs[0], out / "runs" / "a" / "p" / "seed0")
+    nested = client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
+                                f"tags.`mlflow.parentRunId` = '{run_id}'")
+    assert len(nested) == 1 and nested[0].data.tags["mutualrl.role"] == "experiment"
+    links = tracking_links(out)
+    assert links["mlflow_url"].startswith(uri) and run_id in links["mlflow_url"]
+    assert links["tensorboard"].endswith(str(out / "runs"))
+
+
+class _KillAtStep(Reporter):
+    """Kills the tracking server once step ``at`` is done; keeps every warning."""
+
+    def __init__(self, proc: subprocess.Popen, at: int):
+        self.proc, self.at, self.warnings = proc, at, []
+
+    def step(self, step, total, records):
+        if step == self.at:
+            _stop(self.proc)
+
+    def warn(self, text):
+        self.warnings.append(text)
+
+
+def test_a_tracking_server_killed_mid_run_costs_points_not_the_run(mlflow_server, tmp_path, monkeypatch):
+    monkeypatch.setattr("mutualrl.tracking.guard.PAUSE_S", (0.1, 0.2, 0.2))
+    uri, proc = mlflow_server
+    out = tmp_path / "run"
+    rep = _KillAtStep(proc, 1)
+    summary = run_embedded(_demo("budget.steps=3", "tracking.backends=[jsonl,tensorboard,mlflow]",
+                                 f"tracking.mlflow.tracking_uri={uri}", "tracking.timeout_s=3"), out, rep)
+    steps = {(r["policy"], r["step"]) for r in _records(out) if r.get("phase") != "warm_start"}
+    assert steps == {(p, s) for p in POLICIES for s in (1, 2, 3)}  # metrics.jsonl is complete
+    assert len(rep.warnings) == 1 and rep.warnings[0].startswith("tracking: mlflow"), rep.warnings
+    for policy in POLICIES:
+        assert summary["tracking"][policy]["mlflow"]["dropped"] > 0  # counted
+        assert summary["tracking"][policy]["tensorboard"]["dropped"] == 0  # the other tracker is untouched
+    assert summary["policies"]["llama-char"]["final_accuracy"] is not None
+
+
+def test_wandb_offline_writes_a_run_its_own_tools_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    out = tmp_path / "run"
+    run_embedded(_demo("tracking.backends=[jsonl,wandb]", "tracking.wandb.mode=offline"), out)
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2
+    records = [r for r in _records(out) if r.get("phase") != "warm_start"]
+    wandb_cli = Path(sys.executable).with_name("wandb")
+    for d in runs:
+        shown = subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(d)],
+                               capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0, shown.stderr
+        run = json.loads(shown.stdout)
+        mine = [r for r in records if r["policy"] == run["name"]]
+        assert run["state"] == "finished" and run["project"] == "mutualrl" and run["step"] == 2
+        assert run["summary"]["train/reward_mean"] == pytest.approx(mine[-1]["reward_mean"])
+        assert "final/final_accuracy" in run["summary"] and "edge/" in " ".join(run["summary"])
+        assert run["config"]["budget.steps"] == 2 and run["config"]["tag.policy"] == run["name"]
+        assert "sharing:sgt" in run["tags"]
+    assert {json.loads(subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(d)],
+                                      capture_output=True, text=True, timeout=120).stdout)["name"]
+            for d in runs} == set(POLICIES)
