@@ -316,3 +316,41 @@ def test_engine_sampling_values_reach_the_experiment():
     cm = next(o for o in render(v) if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
     e = parse_config(cm["data"]["config.yaml"], "rendered", check_paths=False).policies[1].engine
     assert (e.top_k, e.top_p, e.temperature) == (20, 0.9, 0.8)
+
+
+def test_tracking_values_reach_the_experiment_and_the_learners_only_get_the_credentials():
+    v = values_of(CHART / "ci" / "gpu-vllm-3-values.yaml")
+    v["tracking"] = {"backends": ["jsonl", "tensorboard", "mlflow"], "mlflow": {"trackingUri": "http://mlflow.mlops:5000"},
+                     "tags": {"team": "post-training"}, "credentialsSecret": "mlflow-credentials"}
+    objs = render(v)
+    config = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
+    cfg = parse_config(config["data"]["config.yaml"], check_paths=False)
+    assert cfg.tracking.backends == ["jsonl", "tensorboard", "mlflow"]
+    assert cfg.tracking.mlflow.tracking_uri == "http://mlflow.mlops:5000" and cfg.tracking.tags == {"team": "post-training"}
+    assert cfg.mwra.kubernetes.tracking_secret == "mlflow-credentials"  # MWRA's gangs get it from the file
+    for w in policy_workloads(objs):
+        c = w["spec"]["template"]["spec"]["containers"][0]
+        if w["metadata"]["labels"]["mutualrl.io/role"] == "learner":
+            assert c["envFrom"] == [{"secretRef": {"name": "mlflow-credentials"}}]
+        else:
+            assert "envFrom" not in c
+    # the default: TensorBoard event files on the state volume, no secret
+    default = render(values_of(CHART / "ci" / "gpu-vllm-3-values.yaml"))
+    config = next(o for o in default if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
+    assert parse_config(config["data"]["config.yaml"], check_paths=False).tracking.backends == ["jsonl", "tensorboard"]
+    assert all("envFrom" not in w["spec"]["template"]["spec"]["containers"][0] for w in policy_workloads(default))
+
+
+@pytest.mark.parametrize("tracking, field", [
+    ({"backends": ["tensorboard"]}, "backends"),
+    ({"backends": ["jsonl", "neptune"]}, "backends"),
+    ({"mlflow": {"trackingUri": "mlflow.mlops:5000"}}, "trackingUri"),
+    ({"credentialsSecret": "Bad_Name"}, "credentialsSecret"),
+    ({"wandb": {"mode": "sometimes"}}, "mode"),
+])
+def test_bad_tracking_values_fail_the_install_naming_the_field(tracking, field):
+    v = values_of(CHART / "ci" / "gpu-vllm-3-values.yaml")
+    v["tracking"] = tracking
+    with pytest.raises(helm_python.HelmError) as e:
+        helm_python.Chart.load(CHART).render(v, name="rl", namespace="ml", is_install=True)
+    assert field in str(e.value)

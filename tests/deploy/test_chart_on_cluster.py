@@ -36,6 +36,8 @@ def gpu_values() -> dict:
     v = values_of(CHART / "ci" / "gpu-vllm-3-values.yaml")
     v["models"] = {"existingClaim": "team-models", "hfTokenSecret": "hf-token"}
     v["priorityClassName"] = "training"
+    v["tracking"] = {"backends": ["jsonl", "mlflow"], "mlflow": {"trackingUri": "http://mlflow.mlops:5000"},
+                     "credentialsSecret": "mlflow-credentials"}
     v["policies"][1]["engine"]["resources"] = {"requests": {"cpu": "6", "memory": "48Gi"}, "limits": {"memory": "48Gi"}}
     v["policies"][1]["probes"] = {"startup": {"periodSeconds": 15, "failureThreshold": 200}}
     return v
