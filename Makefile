@@ -78,7 +78,7 @@ test: setup $(REAL_STAMP) $(MLFLOW_VENV)/.installed lint
 
 # pyflakes-class errors everywhere; a docstring on every public class of the package
 lint: setup
-	$(BIN)/ruff check libs services app tests benchmarks
+	$(BIN)/ruff check libs services app tests benchmarks tools
 
 # The deployment artifacts, each checked by its own ecosystem's tools (no container engine or
 # cluster needed): Debian's prometheus (promtool, and a real server scraping a real run) and

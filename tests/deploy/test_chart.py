@@ -326,7 +326,8 @@ def test_tracking_values_reach_the_experiment_and_the_learners_only_get_the_cred
     config = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-experiment"))
     cfg = parse_config(config["data"]["config.yaml"], check_paths=False)
     assert cfg.tracking.backends == ["jsonl", "tensorboard", "mlflow"]
-    assert cfg.tracking.mlflow.tracking_uri == "http://mlflow.mlops:5000" and cfg.tracking.tags == {"team": "post-training"}
+    assert cfg.tracking.mlflow.tracking_uri == "http://mlflow.mlops:5000"
+    assert cfg.tracking.tags == {"team": "post-training"}
     assert cfg.mwra.kubernetes.tracking_secret == "mlflow-credentials"  # MWRA's gangs get it from the file
     for w in policy_workloads(objs):
         c = w["spec"]["template"]["spec"]["containers"][0]

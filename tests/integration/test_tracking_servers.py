@@ -230,3 +230,40 @@ def test_wandb_offline_writes_a_run_its_own_tools_read(tmp_path, monkeypatch):
     assert {json.loads(subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(d)],
                                       capture_output=True, text=True, timeout=120).stdout)["name"]
             for d in runs} == set(POLICIES)
+
+
+def _open_child(uri: str, policy: str, group: str, run_dir: str, q) -> None:
+    """One learner process opening its policy's MLflow run (what `mutualrl serve learner` does at start)."""
+    from mutualrl.tracking.backend import RunInfo
+    from mutualrl.tracking.mlflow_backend import MlflowBackend
+
+    b = MlflowBackend(RunInfo("svc", policy, group, Path(run_dir), tags={"policy": policy}), uri, None)
+    b.open()
+    q.put((policy, b.parent_id, b.run_id))
+
+
+def test_learners_in_separate_processes_share_one_parent_run_and_a_restarted_one_takes_its_run_up(mlflow_server,
+                                                                                                   tmp_path):
+    import multiprocessing as mp
+
+    from mlflow import MlflowClient
+
+    uri, _ = mlflow_server
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_open_child, args=(uri, p, "ns-1", str(tmp_path), q)) for p in POLICIES]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    opened = {policy: (parent, run) for policy, parent, run in (q.get(timeout=5) for _ in POLICIES)}
+    assert len({parent for parent, _ in opened.values()}) == 1  # one experiment run, whoever made it first
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("svc").experiment_id
+    live = client.search_runs([exp], "tags.`mutualrl.role` = 'experiment'")
+    assert [r.info.run_id for r in live] == [next(iter(opened.values()))[0]]
+    # a learner restarted after a crash opens its policy's run again instead of a new one
+    again = ctx.Process(target=_open_child, args=(uri, POLICIES[0], "ns-1", str(tmp_path), q))
+    again.start()
+    again.join(timeout=120)
+    assert q.get(timeout=5)[1:] == opened[POLICIES[0]]
