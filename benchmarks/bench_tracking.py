@@ -14,41 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from mutualrl.app.embedded import run_embedded
 from mutualrl.config import load_config
-from mutualrl.see.server import free_port
+from mutualrl.tracking.local_server import MlflowServer, mlflow_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.yaml"
-MLFLOW = Path(os.environ.get("MUTUALRL_MLFLOW_SERVER", ROOT / ".venv-mlflow" / "bin" / "mlflow"))
 GOAL = 1.02
-
-
-def start_mlflow(tmp: Path) -> tuple[str, subprocess.Popen]:
-    """A real MLflow server on a free loopback port, up and answering."""
-    port = free_port()
-    proc = subprocess.Popen([str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
-                             "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            stdout=open(tmp / "mlflow.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    for _ in range(360):
-        try:
-            urllib.request.urlopen(uri + "/health", timeout=2)
-            return uri, proc
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"the MLflow server did not start; see {tmp / 'mlflow.log'}")
 
 
 def step_seconds(out: Path) -> float:
@@ -62,13 +39,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    if not MLFLOW.exists():
-        print(f"no MLflow server at {MLFLOW}: `make test` (or `make bench`) installs it into .venv-mlflow")
+    if not mlflow_binary().exists():
+        print(f"no MLflow server at {mlflow_binary()}: `make test` (or `make bench`) installs it into .venv-mlflow")
         return 1
     common = [f"budget.steps={args.steps}", f"eval.every={args.steps}", "eval.size=64"]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        uri, server = start_mlflow(tmp)
+        server = MlflowServer(tmp).start()
+        uri = server.uri
         try:
             variants = {"off": common + ["tracking.backends=[jsonl]"],
                         "on": common + ["tracking.backends=[jsonl,tensorboard,mlflow]",
@@ -83,7 +61,7 @@ def main() -> int:
                     sent = {p: t for p, t in (summary.get("tracking") or {}).items()}
                     print(f"{name} #{i}: RL steps {times[name][-1]:.2f} s  trackers {json.dumps(sent)}", flush=True)
         finally:
-            os.killpg(server.pid, signal.SIGKILL)
+            server.stop()
     off, on = statistics.mean(times["off"]), statistics.mean(times["on"])
     ratio = on / off
     print(f"\ndemo, {args.steps} steps x {args.repeats} repeats: step time with tensorboard+mlflow {on:.2f} s, "

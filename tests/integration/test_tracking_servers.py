@@ -21,9 +21,9 @@ from mutualrl.app.compare import CompareSpec, _nest_in_mlflow, tracking_links
 from mutualrl.app.embedded import Reporter, run_embedded
 from mutualrl.config import load_config
 from mutualrl.see.server import free_port
+from mutualrl.tracking.local_server import MlflowServer, mlflow_binary
 
 ROOT = Path(__file__).resolve().parents[2]
-MLFLOW = Path(os.environ.get("MUTUALRL_MLFLOW_SERVER", ROOT / ".venv-mlflow" / "bin" / "mlflow"))
 QUICK = ["budget.steps=2", "budget.prompts_per_step=4", "eval.every=1", "eval.size=16"]
 POLICIES = ("llama-char", "qwen-bpe")
 
@@ -55,26 +55,15 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
 
 
-def _mlflow_server(tmp: Path) -> tuple[str, subprocess.Popen]:
-    if not MLFLOW.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{MLFLOW} is missing: `make test` installs the MLflow server into .venv-mlflow")
-        pytest.skip(f"no MLflow server at {MLFLOW} (`make test` installs it)")
-    port = free_port()
-    proc = subprocess.Popen([str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
-                             "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            stdout=open(tmp / "mlflow.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    _wait_http(uri + "/health", 180, proc)
-    return uri, proc
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    uri, proc = _mlflow_server(tmp_path)
-    yield uri, proc
-    _stop(proc)
+    if not mlflow_binary().exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{mlflow_binary()} is missing: `make test` installs the MLflow server into .venv-mlflow")
+        pytest.skip(f"no MLflow server at {mlflow_binary()} (`make test` installs it)")
+    server = MlflowServer(tmp_path).start()
+    yield server.uri, server
+    server.stop()
 
 
 def test_a_two_step_run_reads_back_from_its_event_files_and_a_real_tensorboard_server(tmp_path):
@@ -180,12 +169,12 @@ def test_a_compare_nests_its_runs_under_one_mlflow_run_and_the_report_links_it(m
 class _KillAtStep(Reporter):
     """Kills the tracking server once step ``at`` is done; keeps every warning."""
 
-    def __init__(self, proc: subprocess.Popen, at: int):
-        self.proc, self.at, self.warnings = proc, at, []
+    def __init__(self, server: MlflowServer, at: int):
+        self.server, self.at, self.warnings = server, at, []
 
     def step(self, step, total, records):
         if step == self.at:
-            _stop(self.proc)
+            self.server.stop()
 
     def warn(self, text):
         self.warnings.append(text)
@@ -193,9 +182,9 @@ class _KillAtStep(Reporter):
 
 def test_a_tracking_server_killed_mid_run_costs_points_not_the_run(mlflow_server, tmp_path, monkeypatch):
     monkeypatch.setattr("mutualrl.tracking.guard.PAUSE_S", (0.1, 0.2, 0.2))
-    uri, proc = mlflow_server
+    uri, server = mlflow_server
     out = tmp_path / "run"
-    rep = _KillAtStep(proc, 1)
+    rep = _KillAtStep(server, 1)
     summary = run_embedded(_demo("budget.steps=3", "tracking.backends=[jsonl,tensorboard,mlflow]",
                                  f"tracking.mlflow.tracking_uri={uri}", "tracking.timeout_s=3"), out, rep)
     steps = {(r["policy"], r["step"]) for r in _records(out) if r.get("phase") != "warm_start"}

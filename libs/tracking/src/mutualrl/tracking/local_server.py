@@ -1,0 +1,60 @@
+"""A real MLflow tracking server on loopback with a SQLite store, started from its own virtual environment
+(`make test` installs it into .venv-mlflow, whose dependencies would fight the project's): what the tracker
+tests and `benchmarks/bench_tracking.py` log to."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from mutualrl.see.server import free_port
+
+DEFAULT_BINARY = Path(__file__).resolve().parents[5] / ".venv-mlflow" / "bin" / "mlflow"
+
+
+def mlflow_binary() -> Path:
+    """``MUTUALRL_MLFLOW_SERVER``, else the project's .venv-mlflow."""
+    return Path(os.environ.get("MUTUALRL_MLFLOW_SERVER", DEFAULT_BINARY))
+
+
+class MlflowServer:
+    """``mlflow server`` in its own process group, storing under ``workdir``; ``stop()`` kills the group."""
+
+    def __init__(self, workdir: Path, binary: Path | None = None):
+        self.workdir, self.binary = workdir, binary or mlflow_binary()
+        self.proc: subprocess.Popen | None = None
+        self.uri = ""
+
+    def start(self, timeout_s: float = 180) -> "MlflowServer":
+        """Start it and wait until /health answers; its log is ``workdir/mlflow.log``."""
+        if not self.binary.exists():
+            raise FileNotFoundError(f"no MLflow server at {self.binary}: `make test` installs it into .venv-mlflow")
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [str(self.binary), "server", "--backend-store-uri", f"sqlite:///{self.workdir}/mlflow.db",
+             "--artifacts-destination", str(self.workdir / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1"],
+            stdout=open(self.workdir / "mlflow.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.uri = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the MLflow server exited with {self.proc.returncode}; see "
+                                   f"{self.workdir / 'mlflow.log'}")
+            try:
+                urllib.request.urlopen(self.uri + "/health", timeout=2).read()
+                return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"the MLflow server did not answer in {timeout_s:g} s; see {self.workdir / 'mlflow.log'}")
+
+    def stop(self) -> None:
+        """Kill it (and its workers) at once, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
