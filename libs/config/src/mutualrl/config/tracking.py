@@ -60,6 +60,8 @@ class TrackingConfig(Strict):
     max_pending: int = Field(10_000, ge=1, le=10_000_000,
                              description="Points a backend may hold while it is slow or down; newer points beyond "
                                          "this are dropped and counted (mutualrl_tracking_dropped_points_total).")
+    flush_every_s: float = Field(5.0, ge=0, le=3600, description="A tracker gets the steps' points at most this "
+                                 "often, several steps in one call (0: every step at once).")
     timeout_s: float = Field(15.0, gt=0, le=600, description="How long a backend's call may take at the end of a "
                                                             "run before its remaining points are dropped.")
 

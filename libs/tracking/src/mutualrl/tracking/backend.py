@@ -36,5 +36,10 @@ class Backend(Protocol):
     def log(self, step: int, values: dict[str, float]) -> None:
         """Scalars at one x (a step, or rollouts for ``by_rollouts/`` names)."""
 
+    def log_many(self, points: list[tuple[int, dict[str, float]]]) -> None:
+        """Several ``(x, scalars)`` at once (what waited while the last call was made)."""
+        for step, values in points:
+            self.log(step, values)
+
     def finish(self, summary: dict[str, float]) -> None:
         """The final numbers; mark the run finished and release it."""

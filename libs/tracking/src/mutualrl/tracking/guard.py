@@ -29,10 +29,11 @@ class BackendStats:
     errors: int = 0
     last_error: str = ""
     pending: int = 0
+    cpu_s: float = 0.0  # CPU time of the tracker's thread: what it took from the cores training runs on
 
     def as_dict(self) -> dict:
         """The numbers for ``summary.json``."""
-        return {"sent": self.sent, "dropped": self.dropped, "errors": self.errors,
+        return {"sent": self.sent, "dropped": self.dropped, "errors": self.errors, "cpu_s": round(self.cpu_s, 3),
                 **({"last_error": self.last_error} if self.last_error else {})}
 
 
@@ -46,11 +47,13 @@ class _Call:
 
 @dataclass
 class GuardedBackend:
-    """Runs a backend's calls in a daemon thread, in order, behind a buffer of ``max_pending`` calls."""
+    """Runs a backend's calls in a daemon thread, in order, behind a buffer of ``max_pending`` calls; the
+    points of steps that wait are sent as one call, at most once per ``batch_s``."""
     backend: Backend
     max_pending: int
     warn: Callable[[str], None]
     on_drop: Callable[[int], None] = lambda n: None
+    batch_s: float = 0.0
     stats: BackendStats = field(default_factory=BackendStats)
 
     def __post_init__(self) -> None:
@@ -59,6 +62,7 @@ class GuardedBackend:
         self._closing = False
         self._warned = False
         self._opened = False
+        self._last_send = 0.0
         self._thread = threading.Thread(target=self._work, name=f"tracking-{self.backend.name}", daemon=True)
         self._thread.start()
 
@@ -90,15 +94,35 @@ class GuardedBackend:
             self._warned = True
             self.warn(message)
 
+    def _next(self) -> _Call | None:
+        """The call to make: waits for one; steps' points that wait are sent together, at most once per
+        ``batch_s`` (one request instead of one per step spares the tracker, and the cores training runs on)."""
+        with self._cond:
+            while not self._calls and not self._closing:
+                self._cond.wait()
+            if not self._calls:
+                return None
+            if self._calls[0].method == "log":
+                send_at = self._last_send + self.batch_s
+                while not self._closing and time.monotonic() < send_at:
+                    self._cond.wait(timeout=max(0.0, send_at - time.monotonic()))
+                if self._calls[0].method == "log" and self._calls[0].attempts == 0:
+                    batch = []
+                    while self._calls and self._calls[0].method == "log" and self._calls[0].attempts == 0:
+                        batch.append(self._calls.popleft())
+                    self._calls.appendleft(_Call("log_many", ([c.args for c in batch],),
+                                                 sum(c.points for c in batch)))
+            return self._calls[0]
+
     def _work(self) -> None:
         while True:
-            with self._cond:
-                while not self._calls and not self._closing:
-                    self._cond.wait()
-                if not self._calls:
-                    return
-                call = self._calls[0]
+            call = self._next()
+            if call is None:
+                return
+            cpu = time.thread_time()
             ok = self._attempt(call)
+            self.stats.cpu_s += time.thread_time() - cpu
+            self._last_send = time.monotonic()
             with self._cond:
                 if self._calls and self._calls[0] is call:
                     if ok or call.attempts >= RETRIES or self._closing:

@@ -121,10 +121,14 @@ class MlflowBackend(Backend):
 
     @override
     def log(self, step: int, values: dict[str, float]) -> None:
+        self.log_many([(step, values)])
+
+    @override
+    def log_many(self, points: list[tuple[int, dict[str, float]]]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, v, now, step) for k, v in values.items()]
+        items = [Metric(k, v, now, step) for step, values in points for k, v in values.items()]
         for i in range(0, len(items), METRICS_PER_CALL):
             self.client.log_batch(self.run_id, metrics=items[i:i + METRICS_PER_CALL], synchronous=True)
 

@@ -89,7 +89,7 @@ class Tracker:
         """Log the policy's final numbers, close every backend; what each sent and dropped."""
         final = summary_scalars(summary)
         for b in self.backends:
-            b.submit("finish", final)
+            b.submit("finish", final, points=0)
         for b in self.backends:
             b.close(self.timeout_s)
         return {b.name: b.stats.as_dict() for b in self.backends}
@@ -133,7 +133,8 @@ def open_tracker(cfg: TrackingConfig, info: RunInfo, warn: Callable[[str], None]
         except Exception as e:  # a bad URI or setting: the run goes on without this tracker
             once(name, f"tracking: {name} is off for this run: {e}")
             continue
-        g = GuardedBackend(backend, cfg.max_pending, lambda m, n=name: once(n, m), drops.callback(name, info.policy))
+        g = GuardedBackend(backend, cfg.max_pending, lambda m, n=name: once(n, m), drops.callback(name, info.policy),
+                           batch_s=cfg.flush_every_s)
         g.submit("open", points=0)
         guarded.append(g)
     return Tracker(guarded, cfg.timeout_s)
