@@ -60,6 +60,7 @@ class GuardedBackend:
         self._calls: deque[_Call] = deque()
         self._cond = threading.Condition()
         self._closing = False
+        self._draining = False  # the run ended: send what waits now, without waiting for the interval
         self._warned = False
         self._opened = False
         self._last_send = 0.0
@@ -104,7 +105,7 @@ class GuardedBackend:
                 return None
             if self._calls[0].method == "log":
                 send_at = self._last_send + self.batch_s
-                while not self._closing and time.monotonic() < send_at:
+                while not self._draining and time.monotonic() < send_at:
                     self._cond.wait(timeout=max(0.0, send_at - time.monotonic()))
                 if self._calls[0].method == "log" and self._calls[0].attempts == 0:
                     batch = []
@@ -156,6 +157,8 @@ class GuardedBackend:
         """Let the buffer drain for up to ``timeout_s``; what is left is dropped and counted."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            self._draining = True
+            self._cond.notify_all()
             while self._calls and time.monotonic() < deadline:
                 self._cond.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
             self._closing = True

@@ -42,8 +42,11 @@ class TensorBoardBackend(Backend):
 
     @override
     def log(self, step: int, values: dict[str, float]) -> None:
-        for name, value in values.items():
-            self._writer.add_scalar(name, value, step)
+        # one event holding every value of the step, not one event per scalar: a tenth of the writer's work
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in values.items()])
+        self._writer._get_file_writer().add_summary(summary, step)
 
     def flush(self) -> None:
         """Write what is buffered to disk (TensorBoard reads the files as they grow)."""
@@ -51,8 +54,8 @@ class TensorBoardBackend(Backend):
 
     @override
     def finish(self, summary: dict[str, float]) -> None:
-        for name, value in summary.items():
-            self._writer.add_scalar(name, value, 0)
+        if summary:
+            self.log(0, summary)
         if self._session_end is not None:
             self._writer._get_file_writer().add_summary(self._session_end)
         self._writer.close()
