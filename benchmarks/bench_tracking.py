@@ -56,11 +56,13 @@ def main() -> int:
         print(f"MLflow server idle after {server.settle():.0f} s", flush=True)
         uri = server.uri
         try:
-            variants = {"off": common + ["tracking.backends=[jsonl]"],
-                        "on": common + ["tracking.backends=[jsonl,tensorboard,mlflow]",
-                                        f"tracking.mlflow.tracking_uri={uri}"]}
+            on = common + ["tracking.backends=[jsonl,tensorboard,mlflow]", f"tracking.mlflow.tracking_uri={uri}"]
+            # the same trackers, sending only once the RL steps are over: what training itself pays (the
+            # buffer, the record's conversion), without the server's CPU on the same cores
+            variants = {"off": common + ["tracking.backends=[jsonl]"], "on": on,
+                        "deferred": on + ["tracking.flush_every_s=3600", "tracking.timeout_s=300"]}
             run_embedded(load_config(DEMO, variants["off"] + ["budget.steps=1"]), tmp / "warm")  # caches warm starts
-            times: dict[str, list[float]] = {"off": [], "on": []}
+            times: dict[str, list[float]] = {name: [] for name in variants}
             for i in range(args.repeats):
                 for name, sets in variants.items():
                     out = tmp / f"{name}-{i}"
@@ -72,9 +74,11 @@ def main() -> int:
             server.stop()
     off, on = statistics.mean(times["off"]), statistics.mean(times["on"])
     ratio = on / off
+    client = statistics.mean(times["deferred"]) / off
     print(f"\ndemo, {args.steps} steps x {args.repeats} repeats, MLflow server at nice {args.server_nice}: "
           f"step time with tensorboard+mlflow {on:.2f} s, "
-          f"without {off:.2f} s: ratio {ratio:.3f} (goal <= {GOAL}) -> {'ok' if ratio <= GOAL else 'MISSED'}")
+          f"without {off:.2f} s: ratio {ratio:.3f} (goal <= {GOAL}) -> {'ok' if ratio <= GOAL else 'MISSED'}; "
+          f"sending deferred to the end (training's own cost): {client:.3f}")
     return 0 if ratio <= GOAL else 1
 
 
