@@ -35,6 +35,20 @@ def _quiet_client_env() -> None:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the run's own display says where
 
 
+def experiment_id(client, name: str) -> str:
+    """The id of MLflow experiment ``name``, created if it does not exist (by whoever gets there first)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:  # another learner (or the compare) created it first
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
 class MlflowBackend(Backend):
     """One policy's child run under its experiment run's parent."""
 
@@ -56,18 +70,6 @@ class MlflowBackend(Backend):
         self.experiment_id: str | None = None
         self.parent_id: str | None = None
         self.run_id: str | None = None
-
-    def _experiment(self) -> str:
-        found = self.client.get_experiment_by_name(self.experiment_name)
-        if found is not None:
-            return found.experiment_id
-        try:
-            return self.client.create_experiment(self.experiment_name)
-        except Exception:  # another learner created it first
-            found = self.client.get_experiment_by_name(self.experiment_name)
-            if found is None:
-                raise
-            return found.experiment_id
 
     def _parents(self) -> list:
         query = f"tags.`{GROUP_TAG}` = '{self.info.group}' and tags.`{ROLE_TAG}` = 'experiment'"
@@ -104,7 +106,7 @@ class MlflowBackend(Backend):
     def open(self) -> None:
         if self.run_id is not None:
             return
-        self.experiment_id = self._experiment()
+        self.experiment_id = experiment_id(self.client, self.experiment_name)
         self.parent_id = self._parent()
         mine = self.client.search_runs(  # a restarted learner takes its policy's run up again
             [self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_id}' and "
@@ -165,8 +167,7 @@ def compare_run(tracking_uri: str | None, experiment: str, compare: str) -> tupl
     if not uri:
         raise ValueError("no MLflow tracking URI: set tracking.mlflow.tracking_uri or MLFLOW_TRACKING_URI")
     client = MlflowClient(tracking_uri=uri)
-    found = client.get_experiment_by_name(experiment)
-    exp_id = found.experiment_id if found is not None else client.create_experiment(experiment)
+    exp_id = experiment_id(client, experiment)
     runs = client.search_runs([exp_id], f"tags.`{ROLE_TAG}` = 'compare' and tags.`mutualrl.compare` = '{compare}'",
                               max_results=1)
     run_id = runs[0].info.run_id if runs else client.create_run(
