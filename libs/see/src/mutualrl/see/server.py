@@ -10,6 +10,7 @@ The server listens on loopback only, on a free port, and is stopped by pid.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -51,9 +52,42 @@ def find_server_binary() -> str:
     )
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as s:
+    """A TCP port free on loopback now, for a server started later.
+
+    Not the kernel's ``bind(0)`` choice: that comes from the ephemeral range, which outgoing
+    connections (every Redis and gRPC client) draw from too, so a client could take the port
+    between this call and the server's bind (CI saw a rollout's ops server fail four times on a
+    port a connection held). The port is drawn at random below that range instead, is never
+    handed out twice by one process, and is checked free by binding it.
+    """
+    low, _ = _ephemeral_range()
+    top = low - 1 if low > 12000 else 65535
+    bottom = 10000 if low > 12000 else 61000
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(bottom, top)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as s:  # a crowded range: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
