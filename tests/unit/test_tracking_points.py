@@ -133,7 +133,8 @@ def test_a_tracker_whose_library_is_missing_gets_a_one_line_hint(monkeypatch, tm
 def test_mlflow_without_a_tracking_uri_is_off_with_a_reason(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     said: list[str] = []
-    t = open_tracker(TrackingConfig(backends=["jsonl", "mlflow"]), RunInfo("e", "p", "g", Path(tmp_path)), said.append)
+    cfg = TrackingConfig(backends=["jsonl", "mlflow"], isolation="thread")
+    t = open_tracker(cfg, RunInfo("e", "p", "g", Path(tmp_path)), said.append)
     assert t.backends == [] and said == [
         "tracking: mlflow is off for this run: no MLflow tracking URI: set tracking.mlflow.tracking_uri or "
         "MLFLOW_TRACKING_URI"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -14,6 +15,7 @@ from mutualrl.config.tracking import TrackingConfig
 from mutualrl.tracking.backend import RunInfo
 from mutualrl.tracking.guard import GuardedBackend
 from mutualrl.tracking.points import by_rollouts, scalars, summary_scalars
+from mutualrl.tracking.process import ProcessTracker
 
 log = logging.getLogger("mutualrl.tracking")
 
@@ -85,13 +87,19 @@ class Tracker:
             if xr and getattr(b.backend, "separate_axes", True):
                 b.submit("log", xr[0], xr[1], points=0)
 
+    def names(self) -> list[str]:
+        """The backends this tracker runs."""
+        return [b.name for b in self.backends]
+
     def finish(self, summary: dict) -> dict:
-        """Log the policy's final numbers, close every backend; what each sent and dropped."""
+        """Log the policy's final numbers, close every backend within ``timeout_s`` in all; what each sent and
+        dropped."""
         final = summary_scalars(summary)
         for b in self.backends:
             b.submit("finish", final, points=0)
+        deadline = time.monotonic() + self.timeout_s
         for b in self.backends:
-            b.close(self.timeout_s)
+            b.close(max(0.1, deadline - time.monotonic()))
         return {b.name: b.stats.as_dict() for b in self.backends}
 
     def dropped(self) -> int:
@@ -117,17 +125,23 @@ def _build(name: str, cfg: TrackingConfig, info: RunInfo):
 
 
 def open_tracker(cfg: TrackingConfig, info: RunInfo, warn: Callable[[str], None] | WarnOnce | None = None,
-                 registry=None, drops: DropCounter | None = None) -> Tracker:
-    """The trackers ``cfg`` names for one policy, started. A tracker whose library is missing or whose
-    settings are unusable is skipped with one line saying why; nothing here raises into the run. Give the
-    policies of one process the same :class:`WarnOnce` (and ``drops``) so each trouble is said once."""
+                 registry=None, drops: DropCounter | None = None) -> Tracker | ProcessTracker:
+    """The trackers ``cfg`` names for one policy, started: in a child process (``tracking.isolation:
+    process``, :mod:`mutualrl.tracking.child`) or in threads of this one. A tracker whose library is missing
+    or whose settings are unusable is skipped with one line saying why; nothing here raises into the run.
+    Give the policies of one process the same :class:`WarnOnce` (and ``drops``) so each trouble is said once."""
     once = warn if isinstance(warn, WarnOnce) else WarnOnce(warn or log.warning)
     drops = drops or DropCounter(registry)
-    guarded = []
+    names = []
     for name in cfg.trackers():
         if name in missing([name]):
             once(name, f"tracking: {name} is not installed ({HINTS[name]}); this run logs without it")
             continue
+        names.append(name)
+    if names and cfg.isolation == "process":
+        return ProcessTracker(cfg, info, names, once, lambda n: drops.callback(n, info.policy))
+    guarded = []
+    for name in names:
         try:
             backend = _build(name, cfg, info)
         except Exception as e:  # a bad URI or setting: the run goes on without this tracker
