@@ -10,7 +10,6 @@ import pytest
 
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
-    CALIBRATION_STEPS,
     MeasuredCosts,
     Node,
     PlanningError,
@@ -180,47 +179,30 @@ def test_window_level_is_the_line_over_the_window_at_its_newest_step():
 
 
 def test_replan_schedule_calibrates_twice_then_holds_the_hysteresis():
-    """First measurement: calibration bar, EMA costs. Nothing is judged until every policy has CALIBRATION_STEPS
-    measurements; that judgement is calibration again, on the window's line; then the hysteresis for good."""
+    """First measurement: calibration bar, EMA costs. Nothing is judged until every policy has a full window; that
+    judgement is calibration again, on the window's line; then the hysteresis for good."""
     s = ReplanSchedule(min_gain=0.10)
-    seen = [s.next(ready) for ready in (False, False, False, True, True, False)]
+    seen = [s.next(full) for full in (False, False, False, True, True, False)]
     assert [j and (j.reason, j.min_gain, j.window_fit) for j in seen] == [
         ("measured", CALIBRATION_GAIN, False), None, None,
         ("measured", CALIBRATION_GAIN, True), ("cost_drift", 0.10, False), ("cost_drift", 0.10, False),
     ]
-    # ready from the start (e.g. a controller that took over) still calibrates twice, in order
+    # a window full from the start (e.g. a controller that took over) still calibrates twice, in order
     s2 = ReplanSchedule(min_gain=0.2)
     assert [(j.min_gain, j.window_fit) for j in (s2.next(True), s2.next(True), s2.next(True))] == [
         (CALIBRATION_GAIN, False), (CALIBRATION_GAIN, True), (0.2, False)]
 
 
-def test_after_a_move_no_drift_is_judged_for_the_dwell_but_the_second_calibration_is():
+def test_after_a_move_nothing_is_judged_for_the_dwell():
     """Steady costs must not move gangs more than once per dwell, whatever the noise: after a move the schedule
-    judges no cost drift for ``dwell`` measurements. The second calibration, judged once, is not held: a plan the
-    first one left a GPU off is corrected as soon as every policy has CALIBRATION_STEPS measurements."""
+    judges nothing for ``dwell`` measurements, then judges again."""
     s = ReplanSchedule(min_gain=0.10, dwell=3)
     assert s.next(True).reason == "measured"
     s.moved()  # the first calibration was adopted
-    assert s.next(False) is None
-    second = s.next(True)
-    assert second.reason == "measured" and second.window_fit  # inside the dwell, judged anyway
+    assert [s.next(True) for _ in range(3)] == [None, None, None]
+    assert s.next(True).window_fit  # the window calibration, once the dwell is over
     s.moved()
     assert [s.next(True) for _ in range(3)] == [None, None, None] and s.next(True).reason == "cost_drift"
-    s.moved()
-    assert [s.next(True) for _ in range(3)] == [None, None, None] and s.next(True).reason == "cost_drift"
-
-
-def test_calibration_readiness_counts_measurements_of_every_policy():
-    a = PolicyDemand("a", 1.0, 0.5)
-    m = MeasuredCosts(window=60)
-    for _ in range(CALIBRATION_STEPS):
-        m.observe(a, 1, 1, 5.0, 5.0)
-    assert m.has(["a"], CALIBRATION_STEPS) and not m.has(["a", "b"], CALIBRATION_STEPS)
-    assert not m.window_full(["a"])
-    short = MeasuredCosts(window=4)  # a window shorter than the bar: a full window is enough
-    for _ in range(4):
-        short.observe(a, 1, 1, 5.0, 5.0)
-    assert short.has(["a"], CALIBRATION_STEPS)
 
 
 def test_planning_horizon_is_half_the_remaining_steps_capped():

@@ -23,7 +23,6 @@ from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.metrics import MwraMetrics
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
-    CALIBRATION_STEPS,
     DWELL_STEPS,
     MeasuredCosts,
     Node,
@@ -191,7 +190,7 @@ class Controller:
             exp.measured.observe(demand, a.rollout_gpus, a.learner_gpus, gen, train)
             if len(exp.measured.values) < len(exp.demands) or exp.status != "running":
                 return False
-            judgement = exp.schedule.next(exp.measured.has([d.name for d in exp.demands], CALIBRATION_STEPS))
+            judgement = exp.schedule.next(exp.measured.window_full([d.name for d in exp.demands]))
             if judgement is None:
                 return False
             return self.replan(exp, judgement.reason, min_gain=judgement.min_gain, window_fit=judgement.window_fit)

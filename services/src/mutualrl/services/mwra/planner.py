@@ -361,7 +361,7 @@ def planning_horizon(remaining_steps: float, max_steps: float = MAX_HORIZON_STEP
 @dataclass(frozen=True)
 class Judgement:
     """How the next plan made from measurements is judged: its reason, the predicted gain it must
-    beat, and whether its costs come from the least-squares line over the window's measurements
+    beat, and whether its costs come from the least-squares line over a full window of measurements
     (precise) rather than the exponential average (quick to follow drift)."""
     reason: str  # "measured" (a calibration) | "cost_drift"
     min_gain: float
@@ -374,48 +374,40 @@ class ReplanSchedule:
     (docs/mwra.md, "Planning").
 
     Two calibrations, each judged once, adopted or not: the first measurement of every policy (it
-    corrects seeding errors of tens of percent), then the first time every policy has
-    :data:`CALIBRATION_STEPS` measurements — a single step's cost carries the response-length noise (about
-    8 % per step), so the first calibration can leave a plan one GPU off, which the 10 % hysteresis would
-    keep for the rest of the run. Between them nothing is judged: an average of a few noisy steps is not
-    drift. After them every judgement is cost drift under the experiment's ``min_gain``. After any move
-    (:meth:`moved`) no cost-drift judgement happens for ``dwell`` measurements, so steady costs move gangs
-    at most once per dwell however the noise falls; the second calibration is not held by it. The
-    controller and the simulator each hold one, so the rule the simulator proves is the rule the
-    controller runs."""
+    corrects seeding errors of tens of percent), then the first time every policy has a full window of
+    measurements — a single step's cost carries the response-length noise (about 8 % per step), so
+    the first calibration can leave a plan one GPU off, which the 10 % hysteresis would keep for the
+    rest of the run. Between them nothing is judged: an average of a few noisy steps is not drift. After
+    them every judgement is cost drift under the experiment's ``min_gain``. After any move (:meth:`moved`)
+    nothing but a forced re-plan happens for ``dwell`` measurements, so steady costs move gangs at most once
+    per dwell however the noise falls. The controller and the simulator each hold one, so the rule the
+    simulator proves is the rule the controller runs."""
     min_gain: float = 0.10
     calibration_gain: float = CALIBRATION_GAIN
     dwell: int = 0  # measurements (a policy's step each) to wait after a move before judging again
-    calibrations: int = 0  # judged so far: 0, 1 (first measurement) or 2 (CALIBRATION_STEPS measurements)
+    calibrations: int = 0  # judged so far: 0, 1 (first measurement) or 2 (full window)
     since_move: int = 10 ** 9
 
-    def next(self, calibration_ready: bool) -> Judgement | None:
-        """The next judgement (None: do not judge now): a calibration on first measurements, another once every
-        policy has :data:`CALIBRATION_STEPS` measurements (``calibration_ready``), then the configured gain bar;
-        no cost-drift judgement within ``dwell`` measurements of a move. The second calibration is outside the
-        dwell: it is judged once whatever happens, and a plan the noisy first one left a GPU off is corrected
-        at step ~20 instead of waiting out the dwell."""
+    def next(self, window_full: bool) -> Judgement | None:
+        """The next judgement (None: do not judge now): a calibration on first measurements and on the first full
+        window, then the configured gain bar; none within ``dwell`` measurements of a move."""
         self.since_move += 1
         if self.calibrations == 0:
             self.calibrations = 1
             return Judgement("measured", self.calibration_gain)
+        if self.since_move <= self.dwell:
+            return None
         if self.calibrations == 1:
-            if not calibration_ready:
+            if not window_full:
                 return None
             self.calibrations = 2
             return Judgement("measured", self.calibration_gain, window_fit=True)
-        if self.since_move <= self.dwell:
-            return None
         return Judgement("cost_drift", self.min_gain)
 
     def moved(self) -> None:
         """A plan was adopted (or forced): the dwell starts again."""
         self.since_move = 0
 
-
-CALIBRATION_STEPS = 20
-"""Measurements of every policy before the second calibration: the line over 20 steps has about a third of
-one step's response-length noise (8 % a step in the simulator → ~2 %), enough to place whole GPUs."""
 
 DWELL_STEPS = 50
 """Steps (of every policy) a plan is kept before cost drift may move it again: at most one move per 50 steps
@@ -527,11 +519,7 @@ class MeasuredCosts:
 
     def window_full(self, names: Sequence[str]) -> bool:
         """Whether every named policy has a full window of measurements."""
-        return self.has(names, self.window)
-
-    def has(self, names: Sequence[str], n: int) -> bool:
-        """Whether every named policy has at least ``n`` measurements in the window."""
-        return all(len(self.history.get(name, [])) >= min(n, self.window) for name in names)
+        return all(len(self.history.get(n, [])) >= self.window for n in names)
 
     def apply(self, demands: Sequence[PolicyDemand], horizon_steps: float = 0.0,
               window_fit: bool = False) -> list[PolicyDemand]:

@@ -27,7 +27,6 @@ from typing_extensions import override
 
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
-    CALIBRATION_STEPS,
     DWELL_STEPS,
     MAX_HORIZON_STEPS,
     Allocation,
@@ -257,7 +256,7 @@ class Mwra(Strategy):
         self.measured.observe(demand, *split, generate_s, train_s)
         if len(self.measured.values) < len(self.demands):
             return None  # re-plan only once every policy has been measured
-        judgement = self.schedule.next(self.measured.has([d.name for d in self.demands], CALIBRATION_STEPS))
+        judgement = self.schedule.next(self.measured.window_full([d.name for d in self.demands]))
         if judgement is None:
             return None
         current = self.measured.apply(self.demands, planning_horizon(remaining_steps, self.max_horizon),
