@@ -24,7 +24,7 @@ def _record(step: int) -> dict:
 
 
 def _open(tmp_path: Path, said: list[str], registry=None, **cfg) -> ProcessTracker:
-    t = open_tracker(TrackingConfig(backends=["jsonl", "tensorboard"], **cfg),
+    t = open_tracker(TrackingConfig(backends=["jsonl", "tensorboard"], isolation="process", **cfg),
                      RunInfo("exp", "llama", "g", tmp_path, tags={"seed": "0"}, params={"optim.lr": 0.1}),
                      said.append, registry=registry)
     assert isinstance(t, ProcessTracker)
@@ -96,7 +96,8 @@ def test_a_hung_child_never_blocks_training_and_finish_is_bounded(tmp_path):
 def test_mlflow_without_a_uri_is_off_with_one_line_from_the_child(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     said: list[str] = []
-    t = open_tracker(TrackingConfig(backends=["jsonl", "mlflow"]), RunInfo("e", "p", "g", tmp_path), said.append)
+    cfg = TrackingConfig(backends=["jsonl", "mlflow"], isolation="process")
+    t = open_tracker(cfg, RunInfo("e", "p", "g", tmp_path), said.append)
     t.log(_record(1))
     stats = t.finish({})
     assert said == ["tracking: mlflow is off for this run: no MLflow tracking URI: set tracking.mlflow.tracking_uri "

@@ -64,10 +64,10 @@ class TrackingConfig(Strict):
                                  "often, several steps in one call (0: every step at once).")
     timeout_s: float = Field(15.0, gt=0, le=600, description="How long a backend's call may take at the end of a "
                                                             "run before its remaining points are dropped.")
-    isolation: Literal["process", "thread"] = Field(
-        "process", description="process: the trackers run in a child process at low CPU priority, so their "
-                               "clients take neither the GIL nor the cores from training; thread: in threads of "
-                               "the training process (no extra process, for a debugger).")
+    isolation: Literal["thread", "process"] = Field(
+        "thread", description="thread: the trackers run in threads of the training process; process: in a child "
+                              "process at low CPU priority, so a tracker library that hangs, leaks or crashes is "
+                              "cut off from training (one more Python process per policy, a few seconds to start).")
 
     @field_validator("backends")
     @classmethod

@@ -1,11 +1,12 @@
-"""A policy's trackers in a child process at low CPU priority (``tracking.isolation: process``, the default).
+"""A policy's trackers in a child process at low CPU priority (``tracking.isolation: process``).
 
-In the training process a tracker's client still costs: encoding requests and event files takes the GIL
-from the learner loop and CPU from the cores it trains on (measured: ~6 % of the demo's step time with
-TensorBoard and MLflow in a thread, docs/tracking.md). Here the training process only writes each
-``metrics.jsonl`` record, as one JSON line, into a pipe from a thread of its own; the child (``python -m
-mutualrl.tracking.child``, at nice :data:`NICE`) turns records into points and runs the guarded backends of
-:mod:`mutualrl.tracking.tracker`, and tells the parent, as JSON lines, what it warned about, dropped and sent.
+The training process only writes each ``metrics.jsonl`` record, as one JSON line, into a pipe from a thread of
+its own; the child (``python -m mutualrl.tracking.child``, at nice :data:`NICE`) turns records into points, runs
+the guarded backends of :mod:`mutualrl.tracking.tracker`, and tells the parent, as JSON lines, what it warned
+about, dropped and sent. A tracker library that hangs, leaks memory, holds the GIL or crashes the interpreter
+is then cut off from training. It is not the default: on the 2-core development machine it measured no faster
+than threads (the clients' own CPU is ~0.3 s a run; what a co-located MLflow server costs is the server's),
+and each policy pays one more Python process that imports torch for TensorBoard (docs/tracking.md).
 
 The guarantees do not change: ``log`` never blocks or raises; past ``max_pending`` records waiting for the
 pipe, records are dropped and counted; a child that fails to start or dies is warned about once and its
