@@ -248,6 +248,9 @@ def compare(
     target = out_dir or Path("runs") / f"compare-{spec.name}{'-quick' if quick else ''}"
     target.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the runs share this terminal: a library's progress bar (transformers' "Writing model shards") would break
+    # into the progress lines; each run's own progress is in its progress.log
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if not report_only:
         try:
             with CompareProgress(err, len(spec.runs())) as shown:
