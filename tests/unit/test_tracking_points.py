@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from mutualrl.config import ConfigError, parse_config
 from mutualrl.config.tracking import TrackingConfig
-from mutualrl.tracking import DropCounter, RunInfo, open_tracker
+from mutualrl.tracking import Backend, DropCounter, RunInfo, open_tracker
 from mutualrl.tracking.guard import GuardedBackend
 from mutualrl.tracking.points import by_rollouts, flatten, params, scalars, summary_scalars
 
@@ -66,8 +66,8 @@ def test_a_bad_tracking_section_is_refused_with_a_clear_message(tracking, messag
         parse_config(yaml.safe_dump(cfg))
 
 
-class _Flaky:
-    """A tracker that fails (or hangs) on demand, to see what the guard does."""
+class _Flaky(Backend):
+    """A tracker that fails (or hangs) on demand, to see what the guard does (``log_many``: the interface's own)."""
     name = "flaky"
 
     def __init__(self, fail: bool = False, hang: threading.Event | None = None):
@@ -83,10 +83,6 @@ class _Flaky:
         if self.fail:
             raise ConnectionError("refused")
         self.logged.append(step)
-
-    def log_many(self, points):
-        for step, values in points:
-            self.log(step, values)
 
     def finish(self, summary):
         pass

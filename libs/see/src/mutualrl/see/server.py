@@ -72,9 +72,8 @@ def free_port() -> int:
     port a connection held). The port is drawn at random below that range instead, is never
     handed out twice by one process, and is checked free by binding it.
     """
-    low, _ = _ephemeral_range()
-    top = low - 1 if low > 12000 else 65535
-    bottom = 10000 if low > 12000 else 61000
+    low, high = _ephemeral_range()
+    bottom, top = (10000, low - 1) if low > 12000 else (high + 1, 65535)  # below the range, else above it
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randint(bottom, top)

@@ -44,7 +44,7 @@ class ProcessTracker:
 
     def __init__(self, cfg: TrackingConfig, info: RunInfo, names: list[str], warn: Callable[[str, str], None],
                  drop_callback: Callable[[str], Callable[[int], None]]):
-        self.names = names
+        self._names = names
         self.timeout_s = cfg.timeout_s
         self.max_pending = cfg.max_pending
         self._warn = warn
@@ -75,10 +75,9 @@ class ProcessTracker:
         threading.Thread(target=self._write, name="tracking-pipe", daemon=True).start()
         self._reader.start()
 
-    @property
-    def backends(self) -> list[str]:
-        """The trackers the child runs."""
-        return list(self.names)
+    def names(self) -> list[str]:
+        """The trackers the child runs (as :meth:`Tracker.names`)."""
+        return list(self._names)
 
     # ---- what training calls --------------------------------------------------------------------
     def log(self, record: dict) -> None:
@@ -123,7 +122,7 @@ class ProcessTracker:
         if left and not self._done.is_set():
             self._drop_all(left, "")
         out = {}
-        for n in self.names:
+        for n in self._names:
             s = dict(self._stats.get(n, {"sent": 0, "dropped": self._child_dropped[n], "errors": 0, "cpu_s": 0.0}))
             s["dropped"] = s.get("dropped", 0) + self._dropped[n]
             out[n] = s
@@ -139,7 +138,7 @@ class ProcessTracker:
 
     def _drop_all(self, n: int, why: str) -> None:
         """``n`` records lost on the way to the child: a point per backend each."""
-        for name in self.names:
+        for name in self._names:
             self._dropped[name] += n
             self._on_drop[name](n)
         if why:
