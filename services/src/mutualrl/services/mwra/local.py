@@ -1,7 +1,10 @@
 """MWRA's local backend: `mutualrl up` on one host takes its assignment from the planner.
 
-On a GPU host each service gets the devices of its placement as ``CUDA_VISIBLE_DEVICES``; on a
-CPU host the "GPUs" are cores: a policy's rollout and learner alternate within a step, so both
+On a GPU host each service gets the devices of its placement as ``CUDA_VISIBLE_DEVICES``. A host with
+fewer GPUs than the policies' minimum gangs (one workstation GPU, two policies) is shared instead: both
+services of a policy run on the same device(s), the policies dealt round the GPUs in turn, and the plan
+says so (placement by MWRA needs gangs that fit). On a CPU host the "GPUs" are cores: a policy's
+rollout and learner alternate within a step, so both
 services of a policy get the policy's share of cores as torch/OpenMP threads (never more cores
 in use than the host has, which is what keeps torch's spinning threads from thrashing).
 """
@@ -12,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from mutualrl.services.mwra.planner import Node, Plan, PolicyDemand, make_plan, water_fill
+from mutualrl.services.mwra.planner import Node, Plan, PlanningError, PolicyDemand, make_plan, water_fill
 
 
 @dataclass(frozen=True)
@@ -34,14 +37,17 @@ class ServiceAssignment:
 @dataclass(frozen=True)
 class LocalPlan:
     """The assignment of every service of `mutualrl up` on this host."""
-    plan: Plan | None  # None on a CPU host
+    plan: Plan | None  # None on a CPU host and on shared GPUs
     assignments: dict[tuple[str, str], ServiceAssignment]
     device: str  # "gpu" | "cpu"
     units: int
+    shared: str | None = None  # why the GPUs are shared (too few for the minimum gangs), else None
 
     def lines(self) -> list[str]:
         """The plan as lines for the console."""
         out = [f"plan ({self.device}, {self.units} {'GPUs' if self.device == 'gpu' else 'cores'}):"]
+        if self.shared:
+            out.append(f"  GPUs shared: {self.shared}")
         for (policy, role), a in sorted(self.assignments.items()):
             where = f"CUDA_VISIBLE_DEVICES={a.cuda_visible_devices}" if a.cuda_visible_devices is not None else "cpu"
             out.append(f"  {policy}.{role}: {where}, {a.threads} threads")
@@ -52,17 +58,43 @@ class LocalPlan:
 
 
 def plan_gpu_host(demands: Sequence[PolicyDemand], gpus: int, cores: int) -> LocalPlan:
-    """One node of ``gpus`` devices; device indices handed out per placement, in order."""
+    """One node of ``gpus`` devices; device indices handed out per placement, in order. Too few GPUs for
+    the minimum gangs: :func:`plan_shared_gpus`."""
+    threads = max(1, cores // (2 * len(demands)))
+    need = sum(d.min_gang for d in demands)
+    if need > gpus:
+        return plan_shared_gpus(demands, gpus, threads, need)
     plan = make_plan(demands, [Node("local", gpus)])
     assignments: dict[tuple[str, str], ServiceAssignment] = {}
     nxt = 0
-    threads = max(1, cores // (2 * len(demands)))
     for name, alloc in plan.allocations.items():
         for role, count in (("rollout", alloc.rollout_gpus), ("learner", alloc.learner_gpus)):
             ids = ",".join(str(i) for i in range(nxt, nxt + count))
             nxt += count
             assignments[(name, role)] = ServiceAssignment(name, role, threads, ids)
     return LocalPlan(plan, assignments, "gpu", gpus)
+
+
+def plan_shared_gpus(demands: Sequence[PolicyDemand], gpus: int, threads: int, need: int) -> LocalPlan:
+    """Both services of each policy on the same ``width`` devices (the larger of its rollout TP and learner
+    GPUs), the policies dealt round the host's GPUs in turn. What does not fit even so (a TP 2 engine on one
+    GPU) is a PlanningError."""
+    assignments: dict[tuple[str, str], ServiceAssignment] = {}
+    start = 0
+    for d in demands:
+        width = max(d.rollout_tp, d.learner_min_gpus)
+        if width > gpus:
+            raise PlanningError(f"policy {d.name!r} needs {width} GPUs at once (rollout TP {d.rollout_tp}, learner "
+                                f"{d.learner_min_gpus}) but this host has {gpus}")
+        if start + width > gpus:
+            start = 0
+        ids = ",".join(str(i) for i in range(start, start + width))
+        start = (start + width) % gpus
+        for role in ("rollout", "learner"):
+            assignments[(d.name, role)] = ServiceAssignment(d.name, role, threads, ids)
+    why = (f"the minimum gangs need {need} GPUs and this host has {gpus}, so each policy's rollout and learner "
+           "share its devices (no MWRA placement)")
+    return LocalPlan(None, assignments, "gpu", gpus, shared=why)
 
 
 def plan_cpu_host(demands: Sequence[PolicyDemand], cores: int) -> LocalPlan:
