@@ -4,9 +4,9 @@ On a GPU host each service gets the devices of its placement as ``CUDA_VISIBLE_D
 fewer GPUs than the policies' minimum gangs (one workstation GPU, two policies) is shared instead: both
 services of a policy run on the same device(s), the policies dealt round the GPUs in turn, and the plan
 says so (placement by MWRA needs gangs that fit). On a CPU host the "GPUs" are cores: a policy's
-rollout and learner alternate within a step, so both
-services of a policy get the policy's share of cores as torch/OpenMP threads (never more cores
-in use than the host has, which is what keeps torch's spinning threads from thrashing).
+rollout and learner alternate within a step, so both services of a policy get the policy's share of
+cores as torch/OpenMP threads (never more cores in use than the host has, which is what keeps torch's
+spinning threads from thrashing).
 """
 
 from __future__ import annotations
