@@ -44,3 +44,9 @@ def test_a_policy_wider_than_the_host_is_refused_in_one_line():
 def test_a_cpu_host_shares_cores_and_names_no_devices():
     plan = plan_cpu_host([_demand("a"), _demand("b")], cores=2)
     assert all(a.cuda_visible_devices is None and a.threads == 1 for a in plan.assignments.values())
+
+
+def test_without_sharing_gangs_that_do_not_fit_are_refused():
+    """The compose file's gpu profile: each vLLM engine holds most of its GPU's memory, so nothing shares it."""
+    with pytest.raises(PlanningError, match="minimum gangs need 4 GPUs but only 1"):
+        plan_gpu_host([_demand("a"), _demand("b")], gpus=1, cores=8, share=False)

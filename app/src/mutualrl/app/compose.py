@@ -92,7 +92,7 @@ def _gpu_services(gpu_cfg: ExperimentConfig, gpu_file: str, gpus: int) -> dict[s
     """The gpu profile: per policy a vLLM engine and its rollout and learner services, on the GPUs
     the single-host plan gives each role."""
     services: dict[str, Any] = {}
-    plan = plan_gpu_host(demands_from_config(gpu_cfg), gpus, cores=8 * len(gpu_cfg.policies))
+    plan = plan_gpu_host(demands_from_config(gpu_cfg), gpus, cores=8 * len(gpu_cfg.policies), share=False)
     for p in gpu_cfg.policies:
         rollout_ids = plan.assignments[(p.name, "rollout")].cuda_visible_devices or "0"
         learner_ids = plan.assignments[(p.name, "learner")].cuda_visible_devices or "0"

@@ -57,12 +57,13 @@ class LocalPlan:
         return out
 
 
-def plan_gpu_host(demands: Sequence[PolicyDemand], gpus: int, cores: int) -> LocalPlan:
+def plan_gpu_host(demands: Sequence[PolicyDemand], gpus: int, cores: int, share: bool = True) -> LocalPlan:
     """One node of ``gpus`` devices; device indices handed out per placement, in order. Too few GPUs for
-    the minimum gangs: :func:`plan_shared_gpus`."""
+    the minimum gangs: :func:`plan_shared_gpus`, or with ``share=False`` a PlanningError (a compose file's
+    vLLM engines each take most of a GPU's memory, so nothing may share theirs)."""
     threads = max(1, cores // (2 * len(demands)))
     need = sum(d.min_gang for d in demands)
-    if need > gpus:
+    if need > gpus and share:
         return plan_shared_gpus(demands, gpus, threads, need)
     plan = make_plan(demands, [Node("local", gpus)])
     assignments: dict[tuple[str, str], ServiceAssignment] = {}
