@@ -92,6 +92,18 @@ def test_up_refuses_a_policy_that_does_not_fit_even_on_shared_gpus_in_one_line(t
     assert time.monotonic() - t0 < 30
 
 
+def test_up_refuses_nccl_weights_between_services_that_share_a_gpu_in_one_line(tmp_path):
+    """One GPU, two policies: the services share it, and NCCL cannot join two processes on one device."""
+    p = subprocess.run([*CLI, "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / "o"),
+                        "--set", "mwra.gpus=1", "--set", "weights.transport=collective",
+                        "--set", "policies.0.engine.device=cuda", "--set", "policies.1.engine.device=cuda"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "cannot join a learner and an hf engine on the same GPU" in lines[0]
+    assert "llama-char, qwen-bpe" in lines[0] and "weights.transport=filesystem" in lines[0]
+
+
 def test_up_with_an_unreachable_broker_exits_2_fast_in_one_line(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

@@ -44,6 +44,7 @@ from mutualrl.see.server import RedisServer, free_port
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.local import LocalPlan, plan_local
 from mutualrl.services.mwra.planner import PlanningError
+from mutualrl.weights.groups import resolve_backend
 
 
 @dataclass
@@ -99,6 +100,13 @@ class Supervisor:
             self.local_plan = plan_local(demands_from_config(self.cfg), self.cfg.mwra.gpus)
         except PlanningError as e:
             raise ConfigError(f"mwra: {e}") from e
+        if self.local_plan.shared and self.cfg.weights.transport == "collective":
+            same_gpu = [p.name for p in self.cfg.policies if p.engine.backend == "hf" and resolve_backend(
+                self.cfg.weights.backend, p.engine.backend, p.engine.device) == "nccl"]
+            if same_gpu:
+                raise ConfigError(f"weights.transport collective over NCCL cannot join a learner and an hf engine on "
+                                  f"the same GPU, and this host's GPUs are shared ({', '.join(same_gpu)}): use "
+                                  "weights.transport=filesystem here")
         for line in self.local_plan.lines():
             self.echo(f"[up] {line}")
         (self.out / "plan.json").write_text(json.dumps({
