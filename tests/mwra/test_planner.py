@@ -10,6 +10,9 @@ import pytest
 
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
+    CALIBRATION_STEPS,
+    SUSTAINED_JUDGEMENTS,
+    Judgement,
     MeasuredCosts,
     Node,
     PlanningError,
@@ -149,17 +152,50 @@ def test_planning_64_policies_on_1024_gpus_is_fast():
 
 def test_trend_is_read_only_when_it_stands_clear_of_the_noise():
     d = PolicyDemand("a", 1.0, 0.5)
-    m = MeasuredCosts(alpha=1.0)
+    m = MeasuredCosts(alpha=1.0, window=30)
     for i in range(30):  # W = 10 + 0.1 * step, exactly
         m.observe(d, 1, 1, (10 + 0.1 * i) / 2, (10 + 0.1 * i) / 2)
     assert m.trend("a") == pytest.approx(0.1)
     assert m.apply([d], horizon_steps=10)[0].step_gpu_seconds == pytest.approx(12.9 + 1.0)  # level 12.9, +0.1 x 10
-    noisy = MeasuredCosts(alpha=1.0)
+    noisy = MeasuredCosts(alpha=1.0, window=30)
     rng = random.Random(0)
     for _ in range(30):
         w = 10 * rng.lognormvariate(0, 0.1)
         noisy.observe(d, 1, 1, w / 2, w / 2)
     assert noisy.trend("a") == 0.0
+
+
+def test_no_trend_is_read_before_the_window_is_full():
+    """A clean slope over 59 steps is still not a trend: projected over the horizon, the slope of 30 noisy steps
+    moved gangs for nothing; the second calibration and early drift judgements use the level alone."""
+    d = PolicyDemand("a", 1.0, 0.5)
+    m = MeasuredCosts(alpha=1.0, window=60)
+    for i in range(59):
+        m.observe(d, 1, 1, (10 + 0.1 * i) / 2, (10 + 0.1 * i) / 2)
+    assert m.trend("a") == 0.0
+    assert m.window_level("a") == pytest.approx(10 + 0.1 * 29)  # the mean, not moved along a slope
+    m.observe(d, 1, 1, (10 + 0.1 * 59) / 2, (10 + 0.1 * 59) / 2)
+    assert m.trend("a") == pytest.approx(0.1)
+
+
+def test_a_gain_sustained_over_half_the_bar_halves_the_bar_until_the_next_move():
+    """9 % a judgement, for as long as a full window: no noise holds still that long, so the bar drops to 5 %; a
+    judgement under half the bar starts the count again, and so does a move."""
+    s = ReplanSchedule(min_gain=0.10)
+    s.next(True), s.next(True)  # the two calibrations
+    drift = Judgement("cost_drift", 0.10)
+    s.judged(Judgement("measured", 0.03), 0.09)  # calibrations do not count
+    for _ in range(SUSTAINED_JUDGEMENTS - 1):
+        assert s.next(True).min_gain == 0.10
+        s.judged(drift, 0.09)
+    s.judged(drift, 0.04)  # one judgement under half the bar: the count starts again
+    for _ in range(SUSTAINED_JUDGEMENTS):
+        assert s.next(True).min_gain == 0.10
+        s.judged(drift, 0.06)
+    assert s.next(True).min_gain == pytest.approx(0.05)
+    s.moved()
+    s.dwell = 0
+    assert s.sustained == 0 and s.next(True).min_gain == 0.10
 
 
 def test_window_level_is_the_line_over_the_window_at_its_newest_step():
@@ -179,30 +215,47 @@ def test_window_level_is_the_line_over_the_window_at_its_newest_step():
 
 
 def test_replan_schedule_calibrates_twice_then_holds_the_hysteresis():
-    """First measurement: calibration bar, EMA costs. Nothing is judged until every policy has a full window; that
-    judgement is calibration again, on the window's line; then the hysteresis for good."""
+    """First measurement: calibration bar, EMA costs. Nothing is judged until every policy has CALIBRATION_STEPS
+    measurements; that judgement is calibration again, on the window's line; then the hysteresis for good."""
     s = ReplanSchedule(min_gain=0.10)
-    seen = [s.next(full) for full in (False, False, False, True, True, False)]
+    seen = [s.next(ready) for ready in (False, False, False, True, True, False)]
     assert [j and (j.reason, j.min_gain, j.window_fit) for j in seen] == [
         ("measured", CALIBRATION_GAIN, False), None, None,
         ("measured", CALIBRATION_GAIN, True), ("cost_drift", 0.10, False), ("cost_drift", 0.10, False),
     ]
-    # a window full from the start (e.g. a controller that took over) still calibrates twice, in order
+    # ready from the start (e.g. a controller that took over) still calibrates twice, in order
     s2 = ReplanSchedule(min_gain=0.2)
     assert [(j.min_gain, j.window_fit) for j in (s2.next(True), s2.next(True), s2.next(True))] == [
         (CALIBRATION_GAIN, False), (CALIBRATION_GAIN, True), (0.2, False)]
 
 
-def test_after_a_move_nothing_is_judged_for_the_dwell():
+def test_after_a_move_no_drift_is_judged_for_the_dwell_but_the_second_calibration_is():
     """Steady costs must not move gangs more than once per dwell, whatever the noise: after a move the schedule
-    judges nothing for ``dwell`` measurements, then judges again."""
+    judges no cost drift for ``dwell`` measurements. The second calibration, judged once, is not held: a plan the
+    first one left a GPU off is corrected as soon as every policy has CALIBRATION_STEPS measurements."""
     s = ReplanSchedule(min_gain=0.10, dwell=3)
     assert s.next(True).reason == "measured"
     s.moved()  # the first calibration was adopted
-    assert [s.next(True) for _ in range(3)] == [None, None, None]
-    assert s.next(True).window_fit  # the window calibration, once the dwell is over
+    assert s.next(False) is None
+    second = s.next(True)
+    assert second.reason == "measured" and second.window_fit  # inside the dwell, judged anyway
     s.moved()
     assert [s.next(True) for _ in range(3)] == [None, None, None] and s.next(True).reason == "cost_drift"
+    s.moved()
+    assert [s.next(True) for _ in range(3)] == [None, None, None] and s.next(True).reason == "cost_drift"
+
+
+def test_calibration_readiness_counts_measurements_of_every_policy():
+    a = PolicyDemand("a", 1.0, 0.5)
+    m = MeasuredCosts(window=60)
+    for _ in range(CALIBRATION_STEPS):
+        m.observe(a, 1, 1, 5.0, 5.0)
+    assert m.has(["a"], CALIBRATION_STEPS) and not m.has(["a", "b"], CALIBRATION_STEPS)
+    assert not m.window_full(["a"])
+    short = MeasuredCosts(window=4)  # a window shorter than the bar: a full window is enough
+    for _ in range(4):
+        short.observe(a, 1, 1, 5.0, 5.0)
+    assert short.has(["a"], CALIBRATION_STEPS)
 
 
 def test_planning_horizon_is_half_the_remaining_steps_capped():

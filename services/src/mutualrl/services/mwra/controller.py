@@ -23,7 +23,9 @@ from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.metrics import MwraMetrics
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
+    CALIBRATION_STEPS,
     DWELL_STEPS,
+    Judgement,
     MeasuredCosts,
     Node,
     Plan,
@@ -134,10 +136,11 @@ class Controller:
                                   f"generation {plan.generation} ({reason}): {splits}")
 
     def replan(self, exp: Experiment, reason: str, force: bool = False, min_gain: float | None = None,
-               window_fit: bool = False) -> bool:
+               window_fit: bool = False, judgement: Judgement | None = None) -> bool:
         # plan for the costs halfway through what is left, at most 25 steps ahead (as simulated)
         """Plan again from measured costs; move only when the gain beats ``min_gain`` and the cost of moving (or
-        ``force``)."""
+        ``force``). The schedule's ``judgement`` that asked for it hears the predicted gain (a sustained gain
+        lowers the next bar)."""
         demands = exp.measured.apply(exp.demands, planning_horizon(exp.remaining_steps), window_fit)
         try:
             candidate = make_plan(demands, self._free_nodes(excluding=exp.id), exp.plan.generation + 1, reason)
@@ -149,6 +152,8 @@ class Controller:
             m = exp.config.mwra
             bar = m.min_gain if min_gain is None else min_gain
             decision = decide_replan(demands, exp.plan, candidate, exp.remaining_steps, m.move_cost_s, bar)
+            if judgement is not None:
+                exp.schedule.judged(judgement, decision.gain)
             if not decision.replan:
                 return False
         for name, a in candidate.allocations.items():
@@ -190,10 +195,11 @@ class Controller:
             exp.measured.observe(demand, a.rollout_gpus, a.learner_gpus, gen, train)
             if len(exp.measured.values) < len(exp.demands) or exp.status != "running":
                 return False
-            judgement = exp.schedule.next(exp.measured.window_full([d.name for d in exp.demands]))
+            judgement = exp.schedule.next(exp.measured.has([d.name for d in exp.demands], CALIBRATION_STEPS))
             if judgement is None:
                 return False
-            return self.replan(exp, judgement.reason, min_gain=judgement.min_gain, window_fit=judgement.window_fit)
+            return self.replan(exp, judgement.reason, min_gain=judgement.min_gain, window_fit=judgement.window_fit,
+                               judgement=judgement)
 
     # ---- the loop ------------------------------------------------------------------------------
     def stop(self, exp_id: str) -> Experiment:

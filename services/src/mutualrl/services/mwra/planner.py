@@ -361,7 +361,7 @@ def planning_horizon(remaining_steps: float, max_steps: float = MAX_HORIZON_STEP
 @dataclass(frozen=True)
 class Judgement:
     """How the next plan made from measurements is judged: its reason, the predicted gain it must
-    beat, and whether its costs come from the least-squares line over a full window of measurements
+    beat, and whether its costs come from the least-squares line over the window's measurements
     (precise) rather than the exponential average (quick to follow drift)."""
     reason: str  # "measured" (a calibration) | "cost_drift"
     min_gain: float
@@ -374,40 +374,66 @@ class ReplanSchedule:
     (docs/mwra.md, "Planning").
 
     Two calibrations, each judged once, adopted or not: the first measurement of every policy (it
-    corrects seeding errors of tens of percent), then the first time every policy has a full window of
-    measurements — a single step's cost carries the response-length noise (about 8 % per step), so
-    the first calibration can leave a plan one GPU off, which the 10 % hysteresis would keep for the
-    rest of the run. Between them nothing is judged: an average of a few noisy steps is not drift. After
-    them every judgement is cost drift under the experiment's ``min_gain``. After any move (:meth:`moved`)
-    nothing but a forced re-plan happens for ``dwell`` measurements, so steady costs move gangs at most once
-    per dwell however the noise falls. The controller and the simulator each hold one, so the rule the
+    corrects seeding errors of tens of percent), then the first time every policy has
+    :data:`CALIBRATION_STEPS` measurements — a single step's cost carries the response-length noise (about
+    8 % per step), so the first calibration can leave a plan one GPU off, which the 10 % hysteresis would
+    keep for the rest of the run. Between them nothing is judged: an average of a few noisy steps is not
+    drift. After them every judgement is cost drift under the experiment's ``min_gain``. After any move
+    (:meth:`moved`) no cost-drift judgement happens for ``dwell`` measurements, so steady costs move gangs
+    at most once per dwell however the noise falls; the second calibration is not held by it.
+
+    The hysteresis is also a trap: a plan the first calibration left a GPU off can show a steady 9 % gain
+    that never clears a 10 % bar. Noise does not hold still, so a gain above half the bar in
+    :data:`SUSTAINED_JUDGEMENTS` cost-drift judgements in a row (:meth:`judged`) is taken as real, and the
+    next judgement's bar is halved. The controller and the simulator each hold one, so the rule the
     simulator proves is the rule the controller runs."""
     min_gain: float = 0.10
     calibration_gain: float = CALIBRATION_GAIN
     dwell: int = 0  # measurements (a policy's step each) to wait after a move before judging again
-    calibrations: int = 0  # judged so far: 0, 1 (first measurement) or 2 (full window)
+    calibrations: int = 0  # judged so far: 0, 1 (first measurement) or 2 (CALIBRATION_STEPS measurements)
     since_move: int = 10 ** 9
+    sustained: int = 0  # cost-drift judgements in a row, since the last move, whose gain cleared half the bar
 
-    def next(self, window_full: bool) -> Judgement | None:
-        """The next judgement (None: do not judge now): a calibration on first measurements and on the first full
-        window, then the configured gain bar; none within ``dwell`` measurements of a move."""
+    def next(self, calibration_ready: bool) -> Judgement | None:
+        """The next judgement (None: do not judge now): a calibration on first measurements, another once every
+        policy has :data:`CALIBRATION_STEPS` measurements (``calibration_ready``), then the configured gain bar;
+        no cost-drift judgement within ``dwell`` measurements of a move. The second calibration is outside the
+        dwell: it is judged once whatever happens, and a plan the noisy first one left a GPU off is corrected
+        at step ~20 instead of waiting out the dwell."""
         self.since_move += 1
         if self.calibrations == 0:
             self.calibrations = 1
             return Judgement("measured", self.calibration_gain)
-        if self.since_move <= self.dwell:
-            return None
         if self.calibrations == 1:
-            if not window_full:
+            if not calibration_ready:
                 return None
             self.calibrations = 2
             return Judgement("measured", self.calibration_gain, window_fit=True)
+        if self.since_move <= self.dwell:
+            return None
+        if self.sustained >= SUSTAINED_JUDGEMENTS:
+            return Judgement("cost_drift", self.min_gain / 2)
         return Judgement("cost_drift", self.min_gain)
 
-    def moved(self) -> None:
-        """A plan was adopted (or forced): the dwell starts again."""
-        self.since_move = 0
+    def judged(self, judgement: Judgement, gain: float) -> None:
+        """The predicted gain of the candidate a cost-drift judgement turned down (or took)."""
+        if judgement.reason == "cost_drift":
+            self.sustained = self.sustained + 1 if gain > self.min_gain / 2 else 0
 
+    def moved(self) -> None:
+        """A plan was adopted (or forced): the dwell starts again, and no gain is sustained yet."""
+        self.since_move = 0
+        self.sustained = 0
+
+
+CALIBRATION_STEPS = 20
+"""Measurements of every policy before the second calibration: the line over 20 steps has about a third of
+one step's response-length noise (8 % a step in the simulator → ~2 %), enough to place whole GPUs."""
+
+SUSTAINED_JUDGEMENTS = 60
+"""Cost-drift judgements in a row (a policy's step each) whose gain must clear half of ``min_gain`` before the bar
+is halved: a full window of measurements, long enough that the response-length noise has turned over several
+times."""
 
 DWELL_STEPS = 50
 """Steps (of every policy) a plan is kept before cost drift may move it again: at most one move per 50 steps
@@ -499,14 +525,15 @@ class MeasuredCosts:
         resid = sum((y - (my + slope * (i - mx))) ** 2 for i, y in enumerate(ys))
         return my, slope, math.sqrt(resid / (n - 2) / sxx), n
 
-    @staticmethod
-    def _clear_of_noise(slope: float, stderr: float, n: int) -> float:
-        return slope if n >= 20 and abs(slope) > 3 * stderr else 0.0
+    def _clear_of_noise(self, slope: float, stderr: float, n: int) -> float:
+        return slope if n >= self.window and abs(slope) > 3 * stderr else 0.0
 
     def trend(self, name: str) -> float:
-        """W change per step: the least-squares slope of the recent measurements, or 0 unless it
-        stands clear of the noise (|slope| > 3 standard errors over >= 20 steps) — a trend read
-        from noise would move gangs for nothing."""
+        """W change per step: the least-squares slope of a full window of measurements, or 0 unless it
+        stands clear of the noise (|slope| > 3 standard errors). A trend read from noise would move gangs
+        for nothing, and it is projected over the planning horizon, so its error grows with it: over 30 steps,
+        judged again at every step, a 4.5-standard-error slope of pure noise turned up and moved a run's
+        gangs there and back (docs/mwra.md); before the window is full the level alone is used."""
         _, slope, stderr, n = self._fit(name)
         return self._clear_of_noise(slope, stderr, n)
 
@@ -519,7 +546,11 @@ class MeasuredCosts:
 
     def window_full(self, names: Sequence[str]) -> bool:
         """Whether every named policy has a full window of measurements."""
-        return all(len(self.history.get(n, [])) >= self.window for n in names)
+        return self.has(names, self.window)
+
+    def has(self, names: Sequence[str], n: int) -> bool:
+        """Whether every named policy has at least ``n`` measurements in the window."""
+        return all(len(self.history.get(name, [])) >= min(n, self.window) for name in names)
 
     def apply(self, demands: Sequence[PolicyDemand], horizon_steps: float = 0.0,
               window_fit: bool = False) -> list[PolicyDemand]:

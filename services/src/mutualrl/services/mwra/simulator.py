@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from mutualrl.services.mwra.planner import (
     CALIBRATION_GAIN,
+    CALIBRATION_STEPS,
     DWELL_STEPS,
     MAX_HORIZON_STEPS,
     Allocation,
@@ -256,13 +257,14 @@ class Mwra(Strategy):
         self.measured.observe(demand, *split, generate_s, train_s)
         if len(self.measured.values) < len(self.demands):
             return None  # re-plan only once every policy has been measured
-        judgement = self.schedule.next(self.measured.window_full([d.name for d in self.demands]))
+        judgement = self.schedule.next(self.measured.has([d.name for d in self.demands], CALIBRATION_STEPS))
         if judgement is None:
             return None
         current = self.measured.apply(self.demands, planning_horizon(remaining_steps, self.max_horizon),
                                       judgement.window_fit)
         candidate = make_plan(current, self.nodes, self.plan.generation + 1, judgement.reason)
         decision = decide_replan(current, self.plan, candidate, remaining_steps, self.move_cost_s, judgement.min_gain)
+        self.schedule.judged(judgement, decision.gain)
         if not decision.replan:
             return None
         self.replans += 1
