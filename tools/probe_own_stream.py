@@ -1,0 +1,147 @@
+"""A live probe of a learner's own stream: a holder of a rollout service's signing key feeds its learner while
+`mutualrl up` trains the demo over a real Redis, and the probe counts what the learner did with each forgery.
+
+For every real ``Rollout`` llama-char's rollout service publishes, the probe publishes, signed with that
+service's own key, on its own stream:
+- a copy with ``sample_index`` beyond the group (groups of G + 1 from G);
+- a copy of the same (prompt, sample, weights version) with other content (a forged duplicate);
+and, once a step, a row longer than the model's context. It then reads the learner's log, the run's
+dead-letter stream and the learner's ledger: every forgery should be refused with its reason, dead-lettered and
+logged, and the learner should have trained on exactly what the real rollout service published.
+
+    .venv/bin/python tools/probe_own_stream.py [--steps 4] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import redis
+import torch
+
+from mutualrl.see import ExperienceExchange
+from mutualrl.see.exchange import dead_letter_stream, stream_name
+from mutualrl.see.identity import Keyring, derive_key
+from mutualrl.see.redis_broker import FIELD, RedisBroker, RedisOptions
+from mutualrl.see.server import RedisServer
+from mutualrl.v1 import experience_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY, G = "llama-char", 8
+SERVICE = f"{POLICY}.rollout"
+
+
+def start_up(out: Path, url: str, steps: int, env: dict[str, str]) -> subprocess.Popen:
+    """The demo under `mutualrl up`, on the probe's Redis, signed with the probe's run key."""
+    sets = [f"budget.steps={steps}", "budget.prompts_per_step=8", "eval.every=1000", "eval.size=16",
+            "broker.backend=redis", f"broker.url={url}", "broker.hmac_key_env=PROBE_RUN_KEY",
+            "checkpoint.every=1", "launcher.peer_deadline_s=120"]
+    argv = [sys.executable, "-m", "mutualrl.app.cli", "up", str(ROOT / "examples" / "demo.yaml"), "--out", str(out)]
+    for s in sets:
+        argv += ["--set", s]
+    out.mkdir(parents=True, exist_ok=True)
+    console = open(out.parent / f"{out.name}.console.log", "w")  # a file: a pipe nobody reads fills and blocks up
+    return subprocess.Popen(argv, env=env, stdout=console, stderr=subprocess.STDOUT, text=True)
+
+
+def namespace_of(out: Path, proc: subprocess.Popen, timeout_s: float = 600) -> str:
+    """The run's SEE namespace, once `up` has written services.json."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (out / "services.json").exists():
+            return json.loads((out / "services.json").read_text())["namespace"]
+        if proc.poll() is not None:
+            raise SystemExit(f"up exited with {proc.returncode} before it started; its output is in "
+                             f"{out.parent / (out.name + '.console.log')}")
+        time.sleep(0.5)
+    raise SystemExit("up did not start in time")
+
+
+def forge(ex: ExperienceExchange, r: pb.Rollout, version: int, sent: Counter, long_steps: set[int]) -> None:
+    """The forgeries for one real rollout."""
+    beyond = pb.Rollout()
+    beyond.CopyFrom(r)
+    beyond.sample_index = r.sample_index + G  # a group of G + 1 and more
+    ex.publish(beyond, POLICY, version)
+    sent["sample_index_beyond_group"] += 1
+    other = pb.Rollout()
+    other.CopyFrom(r)
+    other.completion_text = r.completion_text + "9"
+    other.token_ids.append(r.token_ids[0] if r.token_ids else 3)
+    other.logprobs.append(-0.1)
+    ex.publish(other, POLICY, version)
+    sent["forged_duplicate"] += 1
+    if r.step not in long_steps:
+        long_steps.add(r.step)
+        huge = pb.Rollout()
+        huge.CopyFrom(r)
+        huge.sample_index = (r.sample_index + 1) % G
+        huge.token_ids.extend([3] * 500)
+        huge.logprobs.extend([-0.1] * 500)
+        huge.completion_text = r.completion_text + "1" * 500
+        ex.publish(huge, POLICY, version)
+        sent["over_long"] += 1
+
+
+def main() -> int:
+    """Run the probe; 1 when the learner trained on a rollout the real service never published."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--out", type=Path, help="Keep the run here (default: a temporary folder).")
+    args = ap.parse_args()
+    run_key = secrets.token_hex(32)
+    env = {**os.environ, "PROBE_RUN_KEY": run_key, "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
+        out = args.out or Path(tmp) / "run"
+        proc = start_up(out, server.url, args.steps, env)
+        ns = namespace_of(out, proc)
+        r = redis.Redis.from_url(server.url)
+        ex = ExperienceExchange(RedisBroker(RedisOptions(url=server.url)), ns,
+                                keys=Keyring({SERVICE: derive_key(run_key, SERVICE)}))
+        stream, last_id, sent, real, long_steps = stream_name(ns, "rollout", POLICY), "0-0", Counter(), 0, set()
+        while proc.poll() is None:
+            for _, entries in r.xread({stream: last_id}, block=500) or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    env_msg = ex.codec.decode(fields[FIELD])
+                    if env_msg.producer != POLICY or env_msg.WhichOneof("payload") != "rollout":
+                        continue
+                    if env_msg.rollout.sample_index >= G or env_msg.rollout.completion_text.endswith("9"):
+                        continue  # ours
+                    real += 1
+                    forge(ex, env_msg.rollout, env_msg.weights_version, sent, long_steps)
+        if proc.returncode != 0:
+            print((out.parent / f"{out.name}.console.log").read_text()[-3000:])
+            raise SystemExit(f"up exited with {proc.returncode}")
+        dead = Counter(f[FIELD].split(b"\x00", 1)[0].decode() for _, f in r.xrange(dead_letter_stream(ns)))
+        learner_log = (out / "logs" / f"{POLICY}.learner.log").read_text().splitlines()
+        refused = [line for line in learner_log if "own rollout" in line and ("conflicts with" in line or
+                                                                           "refused (" in line)]
+        logged = Counter("conflict (error)" if "conflicts with" in line else
+                         re.search(r"refused \((\w+)\)", line).group(1) + " (warning)" for line in refused)
+        state = torch.load(out / "services" / f"{POLICY}.learner.state.pt", weights_only=False)
+        trained = {mid for step in state["ledger"].values() for mid in step["own"]}
+        published = set()
+        for line in (out / "services" / f"{POLICY}.rollout.ledger.jsonl").read_text().splitlines():
+            published.update(json.loads(line)["rollouts"])
+        print(f"real rollouts seen: {real}; forgeries sent: {dict(sent)}")
+        print(f"dead-lettered, by reason: {dict(dead)}")
+        print(f"learner log lines about refused own rollouts: {dict(logged)}")
+        print(f"trained own rollouts: {len(trained)}; published by the real service: {len(published)}; "
+              f"trained but not published: {len(trained - published)}; published but not trained: "
+              f"{len(published - trained)}")
+        return 0 if trained <= published else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
