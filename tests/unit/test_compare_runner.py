@@ -130,6 +130,19 @@ def test_the_evidence_suite_is_valid():
             assert cfg.task.min_digits == 3 and cfg.base_seed is not None
 
 
+@pytest.mark.parametrize("spec_file", sorted((ROOT / "examples" / "evidence").glob("compare*.yaml")),
+                         ids=lambda f: f.name)
+def test_every_committed_compare_spec_loads_and_applies(spec_file):
+    """The follow-up specs beside the suite (attributions, caps) load, and each entry applies to each pair."""
+    from mutualrl.config import load_config
+
+    spec = CompareSpec.load(spec_file)
+    assert spec.baseline in spec.entries and spec.seeds
+    for path in spec.pairs.values():
+        for sets in spec.entries.values():
+            load_config(path, sets)
+
+
 def _fake_worker_run(cfg, d: Path) -> None:
     """A module-level runner (worker processes pickle it): what `mutualrl run` writes, gain 5 points."""
     d.mkdir(parents=True, exist_ok=True)
