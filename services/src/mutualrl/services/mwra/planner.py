@@ -427,8 +427,9 @@ class ReplanSchedule:
 
 
 CALIBRATION_STEPS = 20
-"""Measurements of every policy before the second calibration: the line over 20 steps has about a third of
-one step's response-length noise (8 % a step in the simulator → ~2 %), enough to place whole GPUs."""
+"""Measurements of every policy before the second calibration. Their mean (no trend is read before the window is
+full) has about a fifth of one step's response-length noise (8 % a step in the simulator → ~2 %), enough to place
+whole GPUs."""
 
 SUSTAINED_JUDGEMENTS = 60
 """Cost-drift judgements in a row (a policy's step each) whose gain must clear half of ``min_gain`` before the bar
