@@ -135,25 +135,24 @@ class Controller:
         self.backend.record_event(exp.spec, "Planned" if reason == "initial" else "Replanned",
                                   f"generation {plan.generation} ({reason}): {splits}")
 
-    def replan(self, exp: Experiment, reason: str, force: bool = False, min_gain: float | None = None,
-               window_fit: bool = False, judgement: Judgement | None = None) -> bool:
+    def replan(self, exp: Experiment, judgement: Judgement | None = None, forced: str | None = None) -> bool:
         # plan for the costs halfway through what is left, at most 25 steps ahead (as simulated)
-        """Plan again from measured costs; move only when the gain beats ``min_gain`` and the cost of moving (or
-        ``force``). The schedule's ``judgement`` that asked for it hears the predicted gain (a sustained gain
-        lowers the next bar)."""
+        """Plan again from measured costs. Asked by the schedule (``judgement``), move only when the gain beats
+        its bar and the cost of moving, and tell the schedule the predicted gain (a sustained gain lowers the next
+        bar); ``forced`` (the reason, e.g. a lost node) moves whatever the gain."""
+        reason = forced or judgement.reason
+        window_fit = judgement.window_fit if judgement is not None else False
         demands = exp.measured.apply(exp.demands, planning_horizon(exp.remaining_steps), window_fit)
         try:
             candidate = make_plan(demands, self._free_nodes(excluding=exp.id), exp.plan.generation + 1, reason)
         except PlanningError:
-            if not force:
+            if forced is None:
                 return False
             raise
-        if not force:
-            m = exp.config.mwra
-            bar = m.min_gain if min_gain is None else min_gain
-            decision = decide_replan(demands, exp.plan, candidate, exp.remaining_steps, m.move_cost_s, bar)
-            if judgement is not None:
-                exp.schedule.judged(judgement, decision.gain)
+        if forced is None:
+            decision = decide_replan(demands, exp.plan, candidate, exp.remaining_steps, exp.config.mwra.move_cost_s,
+                                     judgement.min_gain)
+            exp.schedule.judged(judgement, decision.gain)
             if not decision.replan:
                 return False
         for name, a in candidate.allocations.items():
@@ -198,8 +197,7 @@ class Controller:
             judgement = exp.schedule.next(exp.measured.has([d.name for d in exp.demands], CALIBRATION_STEPS))
             if judgement is None:
                 return False
-            return self.replan(exp, judgement.reason, min_gain=judgement.min_gain, window_fit=judgement.window_fit,
-                               judgement=judgement)
+            return self.replan(exp, judgement)
 
     # ---- the loop ------------------------------------------------------------------------------
     def stop(self, exp_id: str) -> Experiment:
@@ -231,7 +229,7 @@ class Controller:
                     for exp in self.experiments.values():
                         nodes = {p.node for a in exp.plan.allocations.values() for p in a.placements}
                         if exp.status == "running" and ev.detail in nodes:
-                            self.replan(exp, "node_lost", force=True)
+                            self.replan(exp, forced="node_lost")
             return events
 
     def view(self, exp: Experiment) -> dict:
