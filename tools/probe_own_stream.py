@@ -50,8 +50,13 @@ def start_up(out: Path, url: str, steps: int, env: dict[str, str]) -> subprocess
     for s in sets:
         argv += ["--set", s]
     out.mkdir(parents=True, exist_ok=True)
-    console = open(out.parent / f"{out.name}.console.log", "w")  # a file: a pipe nobody reads fills and blocks up
-    return subprocess.Popen(argv, env=env, stdout=console, stderr=subprocess.STDOUT, text=True)
+    with open(console_log(out), "w") as console:  # a file: a pipe nobody reads fills and blocks up
+        return subprocess.Popen(argv, env=env, stdout=console, stderr=subprocess.STDOUT, text=True)
+
+
+def console_log(out: Path) -> Path:
+    """Where `up`'s console output goes (beside the run folder)."""
+    return out.parent / f"{out.name}.console.log"
 
 
 def namespace_of(out: Path, proc: subprocess.Popen, timeout_s: float = 600) -> str:
@@ -61,25 +66,25 @@ def namespace_of(out: Path, proc: subprocess.Popen, timeout_s: float = 600) -> s
         if (out / "services.json").exists():
             return json.loads((out / "services.json").read_text())["namespace"]
         if proc.poll() is not None:
-            raise SystemExit(f"up exited with {proc.returncode} before it started; its output is in "
-                             f"{out.parent / (out.name + '.console.log')}")
+            raise SystemExit(f"up exited with {proc.returncode} before it started; its output is in {console_log(out)}")
         time.sleep(0.5)
     raise SystemExit("up did not start in time")
 
 
-def forge(ex: ExperienceExchange, r: pb.Rollout, version: int, sent: Counter, long_steps: set[int]) -> None:
-    """The forgeries for one real rollout."""
+def forge(ex: ExperienceExchange, r: pb.Rollout, version: int, sent: Counter, long_steps: set[int],
+          ours: set[str]) -> None:
+    """The forgeries for one real rollout (their message ids go into ``ours``)."""
     beyond = pb.Rollout()
     beyond.CopyFrom(r)
     beyond.sample_index = r.sample_index + G  # a group of G + 1 and more
-    ex.publish(beyond, POLICY, version)
+    ours.add(ex.publish(beyond, POLICY, version))
     sent["sample_index_beyond_group"] += 1
     other = pb.Rollout()
     other.CopyFrom(r)
     other.completion_text = r.completion_text + "9"
     other.token_ids.append(r.token_ids[0] if r.token_ids else 3)
     other.logprobs.append(-0.1)
-    ex.publish(other, POLICY, version)
+    ours.add(ex.publish(other, POLICY, version))
     sent["forged_duplicate"] += 1
     if r.step not in long_steps:
         long_steps.add(r.step)
@@ -89,7 +94,7 @@ def forge(ex: ExperienceExchange, r: pb.Rollout, version: int, sent: Counter, lo
         huge.token_ids.extend([3] * 500)
         huge.logprobs.extend([-0.1] * 500)
         huge.completion_text = r.completion_text + "1" * 500
-        ex.publish(huge, POLICY, version)
+        ours.add(ex.publish(huge, POLICY, version))
         sent["over_long"] += 1
 
 
@@ -108,20 +113,19 @@ def main() -> int:
         r = redis.Redis.from_url(server.url)
         ex = ExperienceExchange(RedisBroker(RedisOptions(url=server.url)), ns,
                                 keys=Keyring({SERVICE: derive_key(run_key, SERVICE)}))
-        stream, last_id, sent, real, long_steps = stream_name(ns, "rollout", POLICY), "0-0", Counter(), 0, set()
+        stream, last_id = stream_name(ns, "rollout", POLICY), "0-0"
+        sent, real, long_steps, ours = Counter(), 0, set(), set()
         while proc.poll() is None:
             for _, entries in r.xread({stream: last_id}, block=500) or []:
                 for entry_id, fields in entries:
                     last_id = entry_id
                     env_msg = ex.codec.decode(fields[FIELD])
-                    if env_msg.producer != POLICY or env_msg.WhichOneof("payload") != "rollout":
+                    if env_msg.message_id in ours or env_msg.WhichOneof("payload") != "rollout":
                         continue
-                    if env_msg.rollout.sample_index >= G or env_msg.rollout.completion_text.endswith("9"):
-                        continue  # ours
                     real += 1
-                    forge(ex, env_msg.rollout, env_msg.weights_version, sent, long_steps)
+                    forge(ex, env_msg.rollout, env_msg.weights_version, sent, long_steps, ours)
         if proc.returncode != 0:
-            print((out.parent / f"{out.name}.console.log").read_text()[-3000:])
+            print(console_log(out).read_text()[-3000:])
             raise SystemExit(f"up exited with {proc.returncode}")
         dead = Counter(f[FIELD].split(b"\x00", 1)[0].decode() for _, f in r.xrange(dead_letter_stream(ns)))
         learner_log = (out / "logs" / f"{POLICY}.learner.log").read_text().splitlines()
