@@ -23,13 +23,13 @@ of the run shares the one GPU, as on a single-GPU workstation.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 
 from mutualrl.app.launcher import run_services
 from mutualrl.config import load_config
+from mutualrl.runtime.outputs import read_metrics
 from mutualrl.runtime.pacing import PACE_ENV
 
 DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
@@ -51,13 +51,15 @@ def gpu_sets(device: str, shapes: dict[str, dict]) -> list[str]:
     return sets
 
 
+def step_records(metrics: Path) -> list[dict]:
+    """The RL steps' records of a run (warm start and records without a wall time left out)."""
+    return [r for r in read_metrics(metrics) if r.get("phase") != "warm_start" and "wall_time" in r]
+
+
 def stage_means(metrics: Path) -> dict[str, dict[str, float]]:
     """Each policy's mean seconds per stage (generation and the learner's stages) over its steps."""
     sums: dict[str, dict[str, list[float]]] = {}
-    for line in metrics.read_text().splitlines():
-        r = json.loads(line)
-        if r.get("phase") == "warm_start" or "wall_time" not in r:
-            continue
+    for r in step_records(metrics):
         stages = dict(r.get("stage_seconds") or {})
         if r.get("gen_s") is not None:
             stages["generate"] = r["gen_s"]
@@ -69,10 +71,8 @@ def stage_means(metrics: Path) -> dict[str, dict[str, float]]:
 def policy_rates(metrics: Path) -> dict[str, float]:
     """Each policy's steps/s between its second and its last-but-one step."""
     times: dict[str, dict[int, float]] = {}
-    for line in metrics.read_text().splitlines():
-        r = json.loads(line)
-        if r.get("phase") != "warm_start" and "wall_time" in r:
-            times.setdefault(r["policy"], {})[r["step"]] = r["wall_time"]
+    for r in step_records(metrics):
+        times.setdefault(r["policy"], {})[r["step"]] = r["wall_time"]
     rates = {}
     for policy, by_step in times.items():
         steps = sorted(by_step)[1:-1]
@@ -82,8 +82,7 @@ def policy_rates(metrics: Path) -> dict[str, float]:
 
 def peer_lags(metrics: Path, policy: str) -> list[int]:
     """The largest step lag of the peer experience each of ``policy``'s steps admitted."""
-    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [r["peer_step_lag_max"] for r in recs
+    return [r["peer_step_lag_max"] for r in read_metrics(metrics)
             if r.get("policy") == policy and r.get("peer_step_lag_max") is not None]
 
 
