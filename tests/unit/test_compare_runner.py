@@ -85,6 +85,7 @@ def test_report_holds_final_accuracy_gain_and_rollouts_to_target(tmp_path):
     row = res["pairs"]["demo"]["sgt"]["llama-char"]
     assert row["gain"]["mean"] == pytest.approx(0.10) and row["gain"]["ci95"] == pytest.approx(0.0, abs=1e-12)
     assert row["final_accuracy"]["mean"] == pytest.approx(0.31)
+    assert row["final_by_seed"] == pytest.approx({str(s): 0.30 + 0.01 * s for s in spec.seeds})
     # sgt reaches grpo's final (start + 5 points) halfway through: ratio 0.5 on every seed
     assert row["rollouts_to_target_ratio"]["mean"] == pytest.approx(0.5)
     assert row["paired_vs_baseline"]["mean"] == pytest.approx(0.05)

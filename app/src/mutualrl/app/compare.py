@@ -256,8 +256,8 @@ def _curves(d: Path) -> dict[str, list[tuple[float, float]]]:
 
 
 def analyse(spec: CompareSpec, out: Path) -> dict:
-    """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95),
-    rollouts-to-target ratio against the baseline, and paired differences."""
+    """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95), each seed's final
+    accuracy, rollouts-to-target ratio against the baseline, and paired differences."""
     results: dict = {"name": spec.name, "baseline": spec.baseline, "seeds": spec.seeds, "steps": spec.steps,
                      "pairs": {}, "steps_by_pair": {}, "wall_by_pair": {}}
     for pair in spec.pairs:
@@ -290,7 +290,10 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 finals = {s: v["final"] for s, v in seeds.items()}
                 gains = {s: v["final"] - v["start"] for s, v in seeds.items()}
                 row = {"final_accuracy": ci95(list(finals.values())), "gain": ci95(list(gains.values())),
-                       "auc": ci95([auc(v["curve"]) for v in seeds.values()]), "seeds": sorted(seeds)}
+                       "auc": ci95([auc(v["curve"]) for v in seeds.values()]), "seeds": sorted(seeds),
+                       # kept per seed so that later compares can pool or pair with these runs from results.json
+                       # alone (run directories are not committed)
+                       "final_by_seed": {str(s): finals[s] for s in sorted(finals)}}
                 ratios = []
                 for s, v in seeds.items():
                     b = base.get(policy, {}).get(s)
