@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mutualrl.runtime.compare_stats import auc, ci95, paired, rollouts_to_target, t975
+from mutualrl.runtime.compare_stats import auc, ci95, paired, pool, rollouts_to_target, t975
 
 
 def test_ci95_by_hand():
@@ -37,3 +37,18 @@ def test_paired_differences_use_common_seeds():
     # seeds 0..2: entry - baseline = 2, 4, 6 -> mean 4, std 2, half-width 4.303 * 2 / sqrt(3)
     r = paired({0: 12, 1: 14, 2: 16, 9: 99}, {0: 10, 1: 10, 2: 10})
     assert r["mean"] == 4 and r["n"] == 3 and r["ci95"] == pytest.approx(4.303 * 2 / math.sqrt(3))
+
+
+def test_pooling_summaries_equals_the_ci95_of_all_values():
+    a, b, c = [0.31, 0.35, 0.29, 0.40], [0.33, 0.36, 0.30], [0.5]
+    pooled = pool([ci95(a), ci95(b), ci95(c)])
+    direct = ci95(a + b + c)
+    for k in ("mean", "std", "ci95"):
+        assert pooled[k] == pytest.approx(direct[k], rel=1e-12)
+    assert pooled["n"] == 8
+    # by hand: two parts {1, 3} and {5}: mean 3, squares (1-3)² + (3-3)² + (5-3)² = 8, std 2
+    assert pool([ci95([1.0, 3.0]), ci95([5.0])]) == pytest.approx(
+        {"mean": 3.0, "std": 2.0, "n": 3, "ci95": 4.303 * 2.0 / math.sqrt(3)})
+    assert pool([ci95([2.0])])["ci95"] is None
+    with pytest.raises(ValueError, match="nothing to pool"):
+        pool([])

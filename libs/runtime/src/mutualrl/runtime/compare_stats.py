@@ -8,6 +8,7 @@
   accuracy over training, so runs of one budget compare directly).
 - ``paired``: differences of an entry against the baseline on the same seeds, with their ci95
   (pairing removes the between-seed variance both share).
+- ``pool``: ci95 of several disjoint samples known only by their summaries (seeds added later).
 """
 
 from __future__ import annotations
@@ -68,3 +69,22 @@ def paired(entry: dict[int, float], baseline: dict[int, float]) -> dict[str, flo
     if not seeds:
         raise ValueError("no seed in common")
     return ci95([entry[s] - baseline[s] for s in seeds])
+
+
+def pool(parts: Sequence[dict]) -> dict[str, float | int | None]:
+    """ci95 of the union of disjoint samples, each given only as ``ci95``'s summary (mean, std, n).
+
+    Why: a compare's results.json keeps a summary per entry and policy, not always the runs, so more seeds
+    run later (another spec, other seeds) are pooled from the summaries. Exact, not an approximation: the
+    union's sum of squares is each part's (n − 1)·std² plus n·(mean − pooled mean)²."""
+    parts = [p for p in parts if p and p.get("n")]
+    if not parts:
+        raise ValueError("nothing to pool")
+    n = sum(int(p["n"]) for p in parts)
+    mean = sum(int(p["n"]) * float(p["mean"]) for p in parts) / n
+    if n == 1:
+        return {"mean": mean, "ci95": None, "n": 1, "std": None}
+    squares = sum((int(p["n"]) - 1) * float(p["std"] or 0.0) ** 2 + int(p["n"]) * (float(p["mean"]) - mean) ** 2
+                  for p in parts)
+    std = math.sqrt(squares / (n - 1))
+    return {"mean": mean, "ci95": t975(n - 1) * std / math.sqrt(n), "n": n, "std": std}
