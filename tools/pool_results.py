@@ -26,6 +26,7 @@ def _fmt(s: dict | None) -> str:
 
 
 def main() -> int:
+    """Read the files, check they can be pooled, print the pooled table (markdown)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--pair", action="append", help="only these pairs (default: every pair the files share)")
