@@ -29,6 +29,7 @@ from pathlib import Path
 from mutualrl.app.embedded import run_embedded
 from mutualrl.config import load_config
 from mutualrl.runtime.compare_stats import ci95
+from mutualrl.runtime.outputs import read_metrics
 from mutualrl.tracking.local_server import MlflowServer, mlflow_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +39,8 @@ GOAL = 1.02
 
 def step_seconds(out: Path) -> float:
     """The summed step time of a run's RL steps (every policy)."""
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return sum(r["step_s"] for r in recs if r.get("phase") != "warm_start" and "step_s" in r)
+    return sum(r["step_s"] for r in read_metrics(out / "metrics.jsonl")
+               if r.get("phase") != "warm_start" and "step_s" in r)
 
 
 def main() -> int:

@@ -15,14 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from mutualrl.app.compare import format_ci
 from mutualrl.runtime.compare_stats import pool
-
-
-def _fmt(s: dict | None) -> str:
-    if not s:
-        return "–"
-    half = f" ± {100 * s['ci95']:.1f}" if s.get("ci95") is not None else ""
-    return f"{100 * s['mean']:+.1f}{half}" if s.get("paired") else f"{100 * s['mean']:.1f}{half}"
 
 
 def main() -> int:
@@ -51,8 +45,9 @@ def main() -> int:
                 rows = [r["pairs"][pair][entry][policy] for r in results]
                 final = pool([row["final_accuracy"] for row in rows])
                 diffs = [row["paired_vs_baseline"] for row in rows]
-                diff = {**pool(diffs), "paired": True} if all(diffs) else None
-                print(f"| {pair} | {entry} | {policy} | {_fmt(final)} | {_fmt(diff)} | {final['n']} |")
+                diff = pool(diffs) if all(diffs) else None
+                print(f"| {pair} | {entry} | {policy} | {format_ci(final)} | {format_ci(diff, signed=True)} | "
+                      f"{final['n']} |")
     return 0
 
 

@@ -365,7 +365,8 @@ def compute(spec: CompareSpec, out: Path) -> dict:
     }
 
 
-def _fmt(x: dict | None, pct: bool = True, signed: bool = False) -> str:
+def format_ci(x: dict | None, pct: bool = True, signed: bool = False) -> str:
+    """A ``ci95`` summary as the report writes it: ``mean ± half-width`` in points (``pct``), "–" for none."""
     if x is None:
         return "–"
     m, h = x["mean"], x["ci95"]
@@ -389,8 +390,8 @@ def summary_table(results: dict, pair: str) -> str:
                 cells.append("–")
                 continue
             d = r["paired_vs_baseline"]
-            delta = f" ({_fmt(d, signed=True)})" if d else ""
-            cells.append(_fmt(r["final_accuracy"]) + delta + f", n={len(r['seeds'])}")
+            delta = f" ({format_ci(d, signed=True)})" if d else ""
+            cells.append(format_ci(r["final_accuracy"]) + delta + f", n={len(r['seeds'])}")
         rows.append(f"| {entry} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -427,9 +428,10 @@ def report_md(results: dict) -> str:
                 r = per.get(policy)
                 if r is None:
                     continue
-                lines.append(f"| {entry} | {policy} | {_fmt(r['final_accuracy'])} | {_fmt(r['gain'], signed=True)} | "
-                             f"{_fmt(r['auc'])} | {_fmt(r['rollouts_to_target_ratio'], pct=False)} | "
-                             f"{_fmt(r['paired_vs_baseline'], signed=True)} |")
+                lines.append(f"| {entry} | {policy} | {format_ci(r['final_accuracy'])} | "
+                             f"{format_ci(r['gain'], signed=True)} | "
+                             f"{format_ci(r['auc'])} | {format_ci(r['rollouts_to_target_ratio'], pct=False)} | "
+                             f"{format_ci(r['paired_vs_baseline'], signed=True)} |")
         lines += ["", *_wall_lines(results, pair)]
     links = results.get("tracking") or {}
     if links:
