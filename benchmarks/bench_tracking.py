@@ -4,15 +4,18 @@ run with only ``metrics.jsonl`` (docs/tracking.md). Goal: at most 2 % slower.
 The MLflow side is a real ``mlflow server`` on loopback with a SQLite store (the one `make test` installs
 into .venv-mlflow), without MLflow 3's job runner (tracking does not use it; it kept two cores busy for ~40 s
 after start and ~2.5 % of a core afterwards). It runs at nice 19 by default, standing for a team's server on
-other machines; at nice 0 it takes its CPU (~0.25-0.4 ms per metric written to SQLite) from the cores training
-runs on. The trackers run as a run has them by default, in threads of the training process; ``--variants
-off,on,process`` adds them in a child process at low priority (``tracking.isolation: process``). Every run is in
-this invocation, interleaved (off, on, off, on, ...) so a drift of the machine hits all; the runs are identical
-(same seed, same prompts) but for the trackers. Step time: the summed ``step_s`` of the RL steps (evaluations
-excluded, as they are the same in both); the trackers' one-time start (MLflow's experiment, runs and ~200
-parameters) is inside the first step, so it counts. The ratio is the mean over repeats of each repeat's on/off
-pair, with a 95 % interval (Student's t): identical runs on a shared VM differ by several per cent, so one pair
-says little.
+other machines, and in this process's session: under the kernel's autogroup scheduling a new session is a CPU
+group of its own, as strong as training's, and nice acts only inside a group (the invocations before
+2026-11-27 started it so, and paid its whole ~0.25-0.4 ms of CPU per metric written to SQLite). At nice 0 it
+takes that CPU from the cores training runs on. The trackers run as a run has them by default, in threads of
+the training process; ``--variants off,on,process`` adds them in a child process at low priority
+(``tracking.isolation: process``). Every run is in this invocation, interleaved, the order turned every repeat
+(off, on, on, off, ...) so that neither a drift of the machine nor going first favours one; the runs are
+identical (same seed, same prompts) but for the trackers. Step time: the summed ``step_s`` of the RL steps
+(evaluations excluded, as they are the same in both); the trackers' one-time start (MLflow's experiment, runs
+and ~200 parameters) is inside the first step, so it counts. The ratio is the mean over repeats of each
+repeat's on/off pair, with a 95 % interval (Student's t): identical runs on a shared VM differ by several per
+cent, so one pair says little.
 
     .venv/bin/python benchmarks/bench_tracking.py [--steps 80] [--repeats 5] [--variants off,on,process]
 """
@@ -43,6 +46,16 @@ def step_seconds(out: Path) -> float:
                if r.get("phase") != "warm_start" and "step_s" in r)
 
 
+def cpu_group(pid: int) -> str:
+    """Whether the server shares this process's CPU group: with autogroup scheduling each session is a
+    group of its own, and ``nice`` acts only inside a group (docs/tracking.md)."""
+    try:
+        mine, its = (Path(f"/proc/{p}/autogroup").read_text().split()[0] for p in ("self", pid))
+    except OSError:
+        return "no autogroup scheduling"
+    return f"server in this process's CPU group ({its})" if mine == its else f"server in CPU group {its}, not {mine}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=80, help="RL steps per run (the demo's 80)")
@@ -59,7 +72,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         server = MlflowServer(tmp).start(nice=args.server_nice)
-        print(f"MLflow server idle after {server.settle():.0f} s", flush=True)
+        print(f"MLflow server idle after {server.settle():.0f} s; {cpu_group(server.proc.pid)}", flush=True)
         uri = server.uri
         try:
             on = common + ["tracking.backends=[jsonl,tensorboard,mlflow]", f"tracking.mlflow.tracking_uri={uri}"]
@@ -74,12 +87,15 @@ def main() -> int:
             run_embedded(load_config(DEMO, variants["off"] + ["budget.steps=1"]), tmp / "warm")  # caches warm starts
             times: dict[str, list[float]] = {name: [] for name in variants}
             for i in range(args.repeats):
-                for name, sets in variants.items():
+                order = list(variants) if i % 2 == 0 else list(reversed(variants))  # off, on, then on, off
+                for name in order:
+                    sets = variants[name]
                     out = tmp / f"{name}-{i}"
                     summary = run_embedded(load_config(DEMO, sets), out)
                     times[name].append(step_seconds(out))
                     sent = {p: t for p, t in (summary.get("tracking") or {}).items()}
                     print(f"{name} #{i}: RL steps {times[name][-1]:.2f} s  trackers {json.dumps(sent)}", flush=True)
+            print(f"MLflow server CPU over the invocation: {server.cpu_seconds():.1f} s", flush=True)
         finally:
             server.stop()
     off = statistics.mean(times["off"])

@@ -107,6 +107,21 @@ def test_a_two_step_run_reads_back_from_its_event_files_and_a_real_tensorboard_s
         _stop(tb)
 
 
+def test_the_local_mlflow_server_runs_in_the_callers_session_so_its_lower_priority_holds(tmp_path):
+    """A new session is a CPU group of its own under autogroup scheduling, where ``nice`` does nothing against
+    the run beside it: the server keeps the caller's session, in a process group of its own (for ``stop``)."""
+    if not mlflow_binary().exists():
+        pytest.skip(f"no MLflow server at {mlflow_binary()} (`make test` installs it)")
+    server = MlflowServer(tmp_path).start(nice=5)
+    try:
+        pid = server.proc.pid
+        assert os.getsid(pid) == os.getsid(0) and os.getpgid(pid) == pid != os.getpgid(0)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+    finally:
+        server.stop()
+    assert server.proc.poll() is not None
+
+
 def test_mlflow_holds_the_experiment_as_a_parent_run_and_each_policy_as_a_child(mlflow_server, tmp_path):
     from mlflow import MlflowClient
 

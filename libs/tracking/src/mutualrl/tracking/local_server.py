@@ -21,8 +21,17 @@ def mlflow_binary() -> Path:
     return Path(os.environ.get("MUTUALRL_MLFLOW_SERVER", DEFAULT_BINARY))
 
 
+def _own_group(nice: int) -> None:
+    """In the child before exec: a process group of its own (``process_group=0`` needs Python 3.11), at
+    priority ``nice``."""
+    os.setpgid(0, 0)
+    if nice:
+        os.nice(nice)
+
+
 class MlflowServer:
-    """``mlflow server`` in its own process group, storing under ``workdir``; ``stop()`` kills the group."""
+    """``mlflow server`` in its own process group (in the caller's session), storing under ``workdir``;
+    ``stop()`` kills the group."""
 
     def __init__(self, workdir: Path, binary: Path | None = None):
         self.workdir, self.binary = workdir, binary or mlflow_binary()
@@ -38,8 +47,11 @@ class MlflowServer:
             [str(self.binary), "server", "--backend-store-uri", f"sqlite:///{self.workdir}/mlflow.db",
              "--artifacts-destination", str(self.workdir / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1"],
-            stdout=open(self.workdir / "mlflow.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=(lambda: os.nice(nice)) if nice else None, env=self._env())
+            stdout=open(self.workdir / "mlflow.log", "wb"), stderr=subprocess.STDOUT,
+            # its own process group, so stop() can kill its workers, but the caller's session: with the
+            # kernel's autogroup scheduling (sched_autogroup_enabled) a new session is a new CPU group that
+            # competes with training as an equal, and ``nice`` only acts within a group
+            preexec_fn=lambda: _own_group(nice), env=self._env())
         self.uri = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
