@@ -236,14 +236,45 @@ def test_wandb_offline_writes_a_run_its_own_tools_read(tmp_path, monkeypatch):
             for d in runs} == set(POLICIES)
 
 
-def _open_child(uri: str, policy: str, group: str, run_dir: str, q) -> None:
-    """One learner process opening its policy's MLflow run (what `mutualrl serve learner` does at start)."""
+def _open_child(uri: str, policy: str, group: str, run_dir: str, q, opened=None) -> None:
+    """One learner process opening its policy's MLflow run (what `mutualrl serve learner` does at start);
+    with ``opened`` (a barrier), it then looks again once every learner has opened, as at its first flush."""
     from mutualrl.tracking.backend import RunInfo
     from mutualrl.tracking.mlflow_backend import MlflowBackend
 
     b = MlflowBackend(RunInfo("svc", policy, group, Path(run_dir), tags={"policy": policy}), uri, None)
     b.open()
+    if opened is not None:
+        opened.wait(timeout=60)
+        b.settle_parent()
     q.put((policy, b.parent_id, b.run_id))
+
+
+def test_a_learner_that_missed_an_earlier_parent_moves_its_run_under_it_and_deletes_its_own(mlflow_server,
+                                                                                            tmp_path):
+    """The one race the election at open leaves: another learner's parent, stamped earlier, reaches the
+    server after this learner's check. At its first flush this learner follows it."""
+    from mlflow import MlflowClient
+
+    from mutualrl.tracking.backend import RunInfo
+    from mutualrl.tracking.mlflow_backend import GROUP_TAG, ROLE_TAG, MlflowBackend
+
+    uri, _ = mlflow_server
+    b = MlflowBackend(RunInfo("race", "llama-char", "ns-race", tmp_path, tags={"policy": "llama-char"}), uri, None)
+    b.open()
+    client = MlflowClient(uri)
+    mine = b.parent_id
+    earlier = client.create_run(b.experiment_id, start_time=client.get_run(mine).info.start_time - 1000,
+                                tags={GROUP_TAG: "ns-race", ROLE_TAG: "experiment"}).info.run_id
+    b.log_many([(1, {"train/reward_mean": 0.5})])
+    assert client.get_run(b.run_id).data.tags["mlflow.parentRunId"] == earlier
+    assert client.get_run(mine).info.lifecycle_stage == "deleted"
+    assert [r.info.run_id for r in client.search_runs([b.experiment_id], f"tags.`{ROLE_TAG}` = 'experiment'")] \
+        == [earlier]
+    b.finish({"final/final_accuracy": 0.25})
+    parent = client.get_run(earlier)
+    assert parent.data.metrics["llama-char/final/final_accuracy"] == 0.25 and parent.info.status == "FINISHED"
+    assert client.get_metric_history(b.run_id, "train/reward_mean")[0].value == 0.5
 
 
 def test_learners_in_separate_processes_share_one_parent_run_and_a_restarted_one_takes_its_run_up(mlflow_server,
@@ -255,7 +286,8 @@ def test_learners_in_separate_processes_share_one_parent_run_and_a_restarted_one
     uri, _ = mlflow_server
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_open_child, args=(uri, p, "ns-1", str(tmp_path), q)) for p in POLICIES]
+    all_open = ctx.Barrier(len(POLICIES))
+    procs = [ctx.Process(target=_open_child, args=(uri, p, "ns-1", str(tmp_path), q, all_open)) for p in POLICIES]
     for p in procs:
         p.start()
     for p in procs:

@@ -2,9 +2,12 @@
 
 The parent holds the resolved config (parameters and ``config.yaml``), the tags and every policy's final
 numbers; a child holds its policy's curves. Learners in separate processes find their parent by the
-``mutualrl.group`` tag (the SEE namespace they share); when two create one at once, both keep the
-earliest and the later one is deleted, so a run has one parent. A compare gives every run the compare's
-own run as ``parent_run_id``, so its runs nest under it.
+``mutualrl.group`` tag (the SEE namespace they share). MLflow has no create-if-absent, so when two create
+one at once each keeps the earliest it sees (start time, then run id) and deletes its own if it lost. One
+can still miss the other's earlier create, which reached the server after its check; so each learner looks
+again at its first flush and at the end, by the same rule, moves its child under the winner and deletes
+a parent of its own that lost: the runs end under one parent. A compare gives every run the compare's own
+run as ``parent_run_id``, so its runs nest under it.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class MlflowBackend(Backend):
         self.experiment_id: str | None = None
         self.parent_id: str | None = None
         self.run_id: str | None = None
+        self._own_parent: str | None = None  # the parent this learner created, while it may still lose
+        self._settled = False  # looked again for an earlier parent since opening
 
     def _parents(self) -> list:
         query = f"tags.`{GROUP_TAG}` = '{self.info.group}' and tags.`{ROLE_TAG}` = 'experiment'"
@@ -93,7 +98,21 @@ class MlflowBackend(Backend):
             first = self._parents()[0].info.run_id  # another process may have made one at the same moment
             if first != mine:
                 self.client.delete_run(mine)
+            else:
+                self._own_parent = mine
             return first
+
+    def settle_parent(self) -> None:
+        """Follow the parent the election settled on, in case this learner's check ran before another's
+        earlier create reached the server (see the module's docstring)."""
+        found = self._parents()
+        if not found or found[0].info.run_id == self.parent_id:
+            return
+        lost, self.parent_id = self.parent_id, found[0].info.run_id
+        self.client.set_tag(self.run_id, "mlflow.parentRunId", self.parent_id)
+        if lost == self._own_parent:
+            self.client.delete_run(lost)  # a child still under it follows at its own next look
+            self._own_parent = None
 
     def _log_params(self, run_id: str) -> None:
         from mlflow.entities import Param
@@ -129,6 +148,9 @@ class MlflowBackend(Backend):
     def log_many(self, points: list[tuple[int, dict[str, float]]]) -> None:
         from mlflow.entities import Metric
 
+        if not self._settled:
+            self.settle_parent()
+            self._settled = True
         now = int(time.time() * 1000)
         items = [Metric(k, v, now, step) for step, values in points for k, v in values.items()]
         for i in range(0, len(items), METRICS_PER_CALL):
@@ -138,6 +160,7 @@ class MlflowBackend(Backend):
     def finish(self, summary: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
+        self.settle_parent()
         now = int(time.time() * 1000)
         if summary:
             self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, 0) for k, v in summary.items()])
