@@ -61,7 +61,7 @@ def mlflow_server(tmp_path):
         if os.environ.get("CI"):
             pytest.fail(f"{mlflow_binary()} is missing: `make test` installs the MLflow server into .venv-mlflow")
         pytest.skip(f"no MLflow server at {mlflow_binary()} (`make test` installs it)")
-    server = MlflowServer(tmp_path).start()
+    server = MlflowServer(tmp_path).start(nice=1)  # a priority of its own, which a test checks
     yield server.uri, server
     server.stop()
 
@@ -107,18 +107,14 @@ def test_a_two_step_run_reads_back_from_its_event_files_and_a_real_tensorboard_s
         _stop(tb)
 
 
-def test_the_local_mlflow_server_runs_in_the_callers_session_so_its_lower_priority_holds(tmp_path):
+def test_the_local_mlflow_server_runs_in_the_callers_session_so_its_lower_priority_holds(mlflow_server):
     """A new session is a CPU group of its own under autogroup scheduling, where ``nice`` does nothing against
     the run beside it: the server keeps the caller's session, in a process group of its own (for ``stop``)."""
-    if not mlflow_binary().exists():
-        pytest.skip(f"no MLflow server at {mlflow_binary()} (`make test` installs it)")
-    server = MlflowServer(tmp_path).start(nice=5)
-    try:
-        pid = server.proc.pid
-        assert os.getsid(pid) == os.getsid(0) and os.getpgid(pid) == pid != os.getpgid(0)
-        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
-    finally:
-        server.stop()
+    _, server = mlflow_server
+    pid = server.proc.pid
+    assert os.getsid(pid) == os.getsid(0) and os.getpgid(pid) == pid != os.getpgid(0)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 1)
+    server.stop()
     assert server.proc.poll() is not None
 
 
