@@ -45,15 +45,13 @@ DEMO = ROOT / "examples" / "demo.yaml"
 GOAL = 1.02
 
 
-def step_seconds(out: Path) -> float:
-    """The summed step time of a run's RL steps (every policy)."""
-    return sum(r["step_s"] for r in read_metrics(out / "metrics.jsonl")
-               if r.get("phase") != "warm_start" and "step_s" in r)
+def rl_steps(out: Path) -> list[dict]:
+    """A run's RL step records (every policy; the warm start's evaluation left out, as it is the same in both)."""
+    return [r for r in read_metrics(out / "metrics.jsonl") if r.get("phase") != "warm_start" and "step_s" in r]
 
 
-def step_window(out: Path) -> tuple[float, float]:
-    """When a run's RL steps began and ended (wall clock): ``wall_time`` is stamped at a step's end."""
-    rows = [r for r in read_metrics(out / "metrics.jsonl") if r.get("phase") != "warm_start" and "step_s" in r]
+def step_window(rows: list[dict]) -> tuple[float, float]:
+    """When the RL steps began and ended (wall clock): ``wall_time`` is stamped at a step's end."""
     return min(r["wall_time"] - r["step_s"] for r in rows), max(r["wall_time"] for r in rows)
 
 
@@ -132,9 +130,10 @@ def main() -> int:
                     sets = variants[name]
                     out = tmp / f"{name}-{i}"
                     summary = run_embedded(load_config(DEMO, sets), out)
-                    times[name].append(step_seconds(out))
-                    sent = {p: t for p, t in (summary.get("tracking") or {}).items()}
-                    window = step_window(out)
+                    rows = rl_steps(out)
+                    times[name].append(sum(r["step_s"] for r in rows))
+                    sent = summary.get("tracking") or {}
+                    window = step_window(rows)
                     in_steps = sampler.between(*window)
                     capacity.append((window[1] - window[0]) * (os.cpu_count() or 1))
                     threads = sum(b["cpu_s"] for t in sent.values() for b in t.values())
