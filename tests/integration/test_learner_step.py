@@ -37,7 +37,14 @@ def _policy(name, family, kind, task, seed):
                        corpus_fingerprint=task.fingerprint(), seed=seed)
 
 
-def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0, bank=0):
+class _NeverRight(ExactMatchVerifier):
+    """Every completion fails: GRPO sees all-equal groups only."""
+
+    def score(self, problem, completion):
+        return 0.0
+
+
+def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0, bank=0, temperature=1.0, verifier_cls=None):
     ex = ExperienceExchange(InProcessBroker(), "mutualrl:it")
     store = WeightStore()
     reg = TokenizerRegistry()
@@ -47,13 +54,14 @@ def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0, bank=0):
     sharing = SharingConfig(mode=mode, sgt=SgtConfig(weight=1.0, gate_tau=1.0, bank_prompts=bank))
     out = {}
     for name, arts in pols.items():
-        verifier = _Oracle()
+        verifier = (verifier_cls or _Oracle)()
         eng = HFEngine(arts.model, eos_id=arts.tokenizer.eos_token_id, pad_id=arts.tokenizer.pad_token_id, store=store)
         worker = RolloutWorker(name, eng, arts.tokenizer, verifier, ex, fingerprint=arts.fingerprint,
-                               sampling=SamplingSpec(n=8, max_new_tokens=4))
+                               sampling=SamplingSpec(n=8, max_new_tokens=4, temperature=temperature))
         intake = PeerIntake(arts.tokenizer, verifier, reg, ThlBudget())
         settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=sharing,
-                                   optim=OptimConfig(lr=lr, warmup_steps=warmup_steps), peer_deadline_s=2.0)
+                                   optim=OptimConfig(lr=lr, warmup_steps=warmup_steps), peer_deadline_s=2.0,
+                                   temperature=temperature, no_signal_warn_steps=2)
         learner = Learner(name, arts.model, arts.tokenizer, ex, intake, store, settings,
                           peers=[n for n in pols if n != name])
         out[name] = (arts, eng, worker, learner)
@@ -94,6 +102,32 @@ def test_grpo_step_raises_logprob_of_rewarded_completions(arithmetic_task):
     assert eng.info().weights_version == 1
     with pytest.raises(ValueError, match="not newer"):
         eng.update_weights(1, wp[0].payload.uri)
+
+
+def test_at_temperature_0_7_the_first_update_is_on_policy(arithmetic_task):
+    """The learner scores π_θ at the engine's temperature: the PPO ratio of a step's first update is 1 (it was
+    ~0.9 or ~1.1 per token when the learner ignored T, and clipped)."""
+    ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3, temperature=0.7)
+    arts, eng, worker, learner = pols["a"]
+    problems = arithmetic_task.train[:8]
+    worker.run_step(1, problems)
+    rec = learner.train_step(1, problems)
+    assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and rec["clip_frac"] == 0.0
+
+
+def test_steps_without_a_mixed_group_are_counted_and_warned_about(arithmetic_task, caplog):
+    ex, store, pols = _setup(arithmetic_task, mode="none", verifier_cls=_NeverRight)
+    arts, eng, worker, learner = pols["a"]
+    problems = arithmetic_task.train[:4]
+    runs = []
+    with caplog.at_level("WARNING", logger="mutualrl.learner"):
+        for step in (1, 2):
+            worker.run_step(step, problems)
+            rec = learner.train_step(step, problems)
+            runs.append((rec["signal_groups"], rec["no_signal_steps"]))
+    assert runs == [(0, 1), (0, 2)]
+    warned = [r for r in caplog.records if "GRPO has no signal" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING" and "2 steps in a row" in warned[0].getMessage()
 
 
 def test_sgt_rescues_cross_tokenizers_and_rejects_false_claims(arithmetic_task):

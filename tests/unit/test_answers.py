@@ -87,8 +87,16 @@ def test_reasoning_gym_task_config_is_checked():
         _cfg(BUILT, name="reasoning_gym")
     with pytest.raises(ValueError, match="are for task reasoning_gym"):
         _cfg(BUILT, name="arithmetic", dataset="products")
-    assert _cfg(REAL, name="reasoning_gym", dataset="spell_backward").task.answer_format == "answer_tags"
-    assert _cfg(REAL, name="reasoning_gym", dataset="basic_arithmetic").task.answer_format == "last_number"
+    # read from the data when the task is built (tests/unit/test_prompt_forms.py), not from a list of names
+    assert _cfg(REAL, name="reasoning_gym", dataset="spell_backward").task.answer_format is None
+
+
+def test_the_configs_formats_per_task_are_the_tasks_own():
+    from mutualrl.config.schema import PRETRAINED_FORMATS
+    from mutualrl.tasks.registry import TASKS
+
+    for name, fmt in PRETRAINED_FORMATS.items():
+        assert TASKS[name].answer_format == fmt, name
 
 
 def test_prompt_style_puts_the_instruction_after_the_task_in_the_user_turn(tokenizers):

@@ -70,6 +70,25 @@ def test_sampled_logprobs_match_rescoring(tokenizers, family):
         assert o.finish_reason in ("stop", "length")
 
 
+def test_the_learner_scores_at_the_sampling_temperature_so_the_on_policy_ratio_is_one(tokenizers):
+    """At T = 0.7 the sampler draws from softmax(logits / 0.7): scoring at the same T gives its log-probs back
+    (ratio exp(logp - logp_old) = 1 on every token); scoring the untempered π_θ, as the learner did, does not."""
+    tok = tokenizers["bpe"]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    model = build_model("qwen2", len(tok), SHAPE, ids, seed=1).eval()
+    prompts = [encode_prompt(tok, p, False) for p in ["1+2=", "45+67=", "9+"]]
+    outs = sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=6,
+                  temperature=0.7, generator=torch.Generator().manual_seed(0))
+    completions = [o.token_ids for o in outs]
+    with torch.no_grad():
+        tempered, mask = sequence_logprobs(model, prompts, completions, pad_id=tok.pad_token_id, temperature=0.7)
+        raw, _ = sequence_logprobs(model, prompts, completions, pad_id=tok.pad_token_id)
+    old = torch.cat([torch.tensor(o.logprobs) for o in outs])
+    ratio = torch.exp(tempered[mask.bool()] - old)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4)
+    assert (torch.exp(raw[mask.bool()] - old) - 1).abs().max() > 1e-2  # the untempered learner was off-policy
+
+
 def test_greedy_is_deterministic(tokenizers):
     tok = tokenizers["char"]
     ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}

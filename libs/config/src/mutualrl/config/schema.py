@@ -21,7 +21,10 @@ class ModelConfig(_Strict):
 
     family: Optional[Literal["llama", "qwen2", "gpt2"]] = Field(
         None, description="Build a randomly initialised model of this family.")
-    path: Optional[str] = Field(None, description="Local model directory (or hub name when online) to load instead.")
+    path: Optional[str] = Field(None, description="Local model directory (or hub name when online) to load instead, "
+                                "or a preset (`mutualrl models list`), converted on first use.")
+    accept_license: bool = Field(False, description="Accept the preset's terms (Gemma's) for its conversion on first "
+                                 "use; read them first (`mutualrl models get gemma-3-270m` shows where).")
     hidden_size: int = Field(128, ge=8, description="Built models only.")
     num_layers: int = Field(4, ge=1, description="Built models only.")
     num_heads: int = Field(4, ge=1, description="Built models only.")
@@ -60,6 +63,33 @@ class TokenizerConfig(_Strict):
     def _not_both(self) -> "TokenizerConfig":
         if self.kind and self.path:
             raise ValueError("give tokenizer.kind or tokenizer.path, not both")
+        return self
+
+
+class PromptConfig(_Strict):
+    """How a policy is prompted and where its answer ends (docs/algorithms.md §5.3)."""
+
+    style: Literal["auto", "chat", "completion", "bare"] = Field(
+        "auto", description="auto: the chat template when the tokenizer has one (SmolLM2, the Qwen2.5-Coder), "
+                            "else the completion form for a loaded model (Gemma-3-270M, a base model) and the bare "
+                            "task text for a built one; chat, completion or bare force one.")
+    template: str = Field("{instruction}Question: {prompt}\nAnswer:",
+                          description="The completion form: {prompt} is the task text, {instruction} the task's "
+                                      "instruction as a first paragraph (empty when there is none).")
+    stop: Optional[list[str]] = Field(None, description="Strings that end a completion (text cut before the first; "
+                                      "the tokens kept up to the one that completes it). None: [\"\\n\\n\", "
+                                      "\"\\nQuestion:\"] in completion form, none otherwise.")
+
+    @model_validator(mode="after")
+    def _template(self) -> "PromptConfig":
+        if "{prompt}" not in self.template:
+            raise ValueError("prompt.template needs {prompt} (where the task text goes)")
+        try:
+            self.template.format(prompt="", instruction="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"prompt.template has a field other than {{prompt}} and {{instruction}}: {e}") from None
+        if self.stop is not None and any(not x for x in self.stop):
+            raise ValueError("prompt.stop has an empty string")
         return self
 
 
@@ -150,6 +180,10 @@ class ResourcesConfig(_Strict):
         return self
 
 
+PRETRAINED_FORMATS: dict[str, str] = {"arithmetic": "last_number", "countdown": "last_line", "jsonl": "whole"}
+"""The answer format a pretrained model is asked for per task (the tasks' own ``answer_format``; a test checks they
+agree); reasoning_gym has none here: its format is read from its data when the task is built."""
+
 PRETRAINED_LR = 1e-5
 """RL learning rate of a loaded (pretrained) model unless set: on SmolLM2-135M-Instruct GRPO at 1e-5 lifted
 held-out accuracy 35 % -> 69 % in 10 steps (the papers' 1e-6 is for billion-parameter models)."""
@@ -161,6 +195,7 @@ class PolicyConfig(_Strict):
                       description="Policy id: lower-case letters, digits, - and _.")
     model: ModelConfig
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
@@ -221,8 +256,9 @@ class TaskConfig(_Strict):
         None, description="How a completion gives its answer: the whole completion, its last number, the last "
                           "\\boxed{}, the last <answer></answer> tags, or its last line. None: `whole` when every "
                           "policy is a built model (they learn the bare answer), else the task's own (arithmetic "
-                          "last_number, countdown last_line, reasoning_gym per dataset: last_number for numeric "
-                          "answers, else answer_tags).")
+                          "last_number, countdown last_line, reasoning_gym from its data: last_number when every "
+                          "sampled reference answer is a number, else answer_tags). `mutualrl probe` measures "
+                          "which format each policy can follow.")
     instruction: Optional[str] = Field(
         None, description="How to answer, told to every policy whose prompts go through a chat template (as its "
                           "system message); None: the answer format's default sentence; \"\" for none. Built models "
@@ -248,15 +284,6 @@ class TaskConfig(_Strict):
         if self.verifier not in ("default", "exact", "math", "countdown"):
             raise ValueError(f"unknown verifier {self.verifier!r}; valid: default, exact, math, countdown")
         return self
-
-    def chat_answer_format(self) -> str:
-        """The answer format an instruct model is asked for on this task."""
-        if self.name == "reasoning_gym":
-            from mutualrl.tasks.reasoning_gym_task import default_answer_format  # no heavy imports: a name table
-
-            return default_answer_format(self.dataset or "")
-        return {"arithmetic": "last_number", "countdown": "last_line"}.get(self.name, "whole")
-
 
 class AlgorithmConfig(_Strict):
     """Base objective of every learner (docs/algorithms.md §1.1–§1.2, defaults from §5)."""
@@ -499,6 +526,16 @@ class EvalConfig(_Strict):
     """How often and on how many held-out problems greedy accuracy is measured."""
     every: int = Field(5, ge=1, description="Held-out greedy evaluation every N steps (and at the end).")
     size: int = Field(256, ge=1, description="Held-out problems per evaluation.")
+    pass_rate_check: bool = Field(True, description="Before RL, sample each pretrained policy once on up to "
+                                  "pass_rate_problems held-out problems at its own temperature: a policy at 0 % gets "
+                                  "a WARNING and summary.json says GRPO has no signal for it, with the answer formats "
+                                  "under which the same completions would have scored.")
+    pass_rate_problems: int = Field(32, ge=1, description="Problems the pass-rate check samples.")
+    pass_rate_budget_s: float = Field(60.0, gt=0, description="The pass-rate check stops sampling after this long "
+                                      "(per policy) and reports what it measured.")
+    no_signal_steps: int = Field(3, ge=1, description="K: a WARNING when a learner's own groups had all-equal rewards "
+                                 "(no GRPO signal) for K consecutive steps; the gauge mutualrl_no_signal_steps counts "
+                                 "them and an alert fires on it.")
 
 
 class BrokerConfig(_Strict):
@@ -663,19 +700,23 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _answer_format(self) -> "ExperimentConfig":
-        # built models are trained on bare answers; a pretrained one answers in sentences and is told how
+        # built models are trained on bare answers; a pretrained one answers in sentences and is told how: the
+        # task's own format (reasoning-gym's is read from its data when the task is built: left None here)
         if self.task.answer_format is None:
             pretrained = any(p.model.path for p in self.policies)
-            self.task.answer_format = self.task.chat_answer_format() if pretrained else "whole"
+            self.task.answer_format = PRETRAINED_FORMATS.get(self.task.name) if pretrained else "whole"
         return self
 
     def task_instruction(self) -> str:
-        """The instruction a chat-template policy is given (task.instruction, else the format's default)."""
+        """The instruction a pretrained policy is given (task.instruction, else the format's default). The answer
+        format must be resolved by then (``runtime.policy_setup.build_task_from_config`` does it)."""
         if self.task.instruction is not None:
             return self.task.instruction
+        if self.task.answer_format is None:
+            raise RuntimeError("task.answer_format is resolved when the task is built (build_task_from_config)")
         from mutualrl.tasks.answers import INSTRUCTIONS
 
-        return INSTRUCTIONS[self.task.answer_format or "whole"]
+        return INSTRUCTIONS[self.task.answer_format]
 
     @model_validator(mode="after")
     def _sharing_needs_peers(self) -> "ExperimentConfig":

@@ -60,6 +60,31 @@ def sample_categorical(logp: torch.Tensor, generator: torch.Generator | None = N
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
+def cut_at_stop(decode: Callable[[list[int]], str], s: Sample,
+                stops: tuple[str, ...] | list[str]) -> tuple[Sample, str]:
+    """A completion cut at its first stop string: the text before the stop string (what is scored and
+    published), and the sample's tokens up to and including the token that completes it, with their
+    behaviour log-probs unchanged. The kept tokens are exactly the sampled ones, so the learner trains on
+    what was sampled (the stop included: it learns to end); a stop string that ends inside a token keeps
+    that whole token. A completion without a stop string is returned as it is.
+
+    ``decode``: token ids to text (the tokenizer's, without special tokens)."""
+    text = decode(s.token_ids)
+    hits = [(i, stop) for stop in stops if stop and (i := text.find(stop)) >= 0]
+    if not hits:
+        return s, text
+    start, stop = min(hits)
+    end = start + len(stop)
+    lo, hi = 1, len(s.token_ids)  # the fewest tokens whose text reaches the stop string's end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(decode(s.token_ids[:mid])) >= end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return Sample(s.token_ids[:lo], s.logprobs[:lo], "stop"), text[:start]
+
+
 class GenerationCancelled(RuntimeError):
     """The caller of a generation went away before it finished."""
 
@@ -189,8 +214,14 @@ def sequence_logprobs(
     completions: list[list[int]],
     *,
     pad_id: int,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log π(y_t | x, y_<t) for each completion, right-aligned into a padded batch.
+
+    ``temperature``: the distribution the sampler drew from, ``softmax(logits / T)``
+    (docs/algorithms.md §1.1): the learner's π_θ must be the same function as the behaviour π_old,
+    or the PPO ratio is off 1 on-policy at any T ≠ 1. T = 0 (greedy) and T = 1 leave the logits as
+    they are.
 
     Returns ``logprobs [B, T]`` and ``mask [B, T]`` (1 on completion tokens),
     where T is the longest completion. Gradients flow (the learner's hot path).
@@ -208,6 +239,8 @@ def sequence_logprobs(
     L = ids.shape[1]
     keep = torch.arange(L - T - 1, L - 1, device=device)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep).logits  # [B, T, V]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
     targets = ids[:, -T:]  # [B, T]
     logp = selective_logprobs(logits, targets)  # [B, T]
     mask = torch.zeros_like(targets, dtype=torch.float32)

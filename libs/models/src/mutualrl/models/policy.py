@@ -153,37 +153,75 @@ def disable_dropout(model: torch.nn.Module) -> None:
             setattr(model.config, attr, 0.0)
 
 
+COMPLETION_TEMPLATE = "{instruction}Question: {prompt}\nAnswer:"
+"""How a pretrained model without a chat template (a base model) is prompted: a completion it continues."""
+COMPLETION_STOPS = ("\n\n", "\nQuestion:")
+"""Where a base model's answer ends when nothing else is set: it goes on to the next question otherwise."""
+
+
 @dataclass(frozen=True)
 class PromptStyle:
-    """How a policy is shown a task's prompt.
+    """How a policy is shown a task's prompt, and where its answer ends.
 
-    ``chat_template``: render through the tokenizer's chat template (None: when it has one).
-    ``instruction``: how to answer (docs/algorithms.md §5.3), a paragraph after the task text in the
-    user turn of a chat prompt (SmolLM2-135M-Instruct follows it there and not as a system message:
-    greedy 62 % against 38 % on one-digit sums); a prompt without a template is the bare task text,
-    as built models are trained on it."""
+    Three forms (docs/algorithms.md §5.3):
+    - **chat**: the tokenizer's chat template, the instruction after the task text in the user turn
+      (SmolLM2-135M-Instruct follows it there and not as a system message: greedy 62 % against 38 % on
+      one-digit sums);
+    - **completion**: ``completion_template`` with the task text (and the instruction as a first paragraph)
+      for a pretrained model without a template — a base model continues "Question: …\nAnswer:" and
+      talks nonsense in a chat format;
+    - **bare**: the task text alone, as built models are trained on it.
+
+    ``chat_template``: True/False forces chat or not; None uses the template when the tokenizer has one,
+    else the completion form when ``completion_template`` is set, else bare. ``stop``: strings that end
+    a completion (the text is cut before the first, the tokens after the token that completes it);
+    None: ``COMPLETION_STOPS`` in completion form, none otherwise."""
 
     chat_template: bool | None = None
     instruction: str = ""
+    completion_template: str | None = None
+    stop: tuple[str, ...] | None = None
 
     def uses_template(self, tok: PreTrainedTokenizerBase) -> bool:
         """Whether prompts go through ``tok``'s chat template (``chat_template``; None: when it has one)."""
         return bool(getattr(tok, "chat_template", None)) if self.chat_template is None else self.chat_template
 
+    def form(self, tok: PreTrainedTokenizerBase) -> str:
+        """``chat``, ``completion`` or ``bare`` for this tokenizer."""
+        if self.uses_template(tok):
+            return "chat"
+        return "completion" if self.completion_template else "bare"
+
+    def stops(self, tok: PreTrainedTokenizerBase) -> tuple[str, ...]:
+        """The stop strings that apply with this tokenizer."""
+        if self.stop is not None:
+            return tuple(self.stop)
+        return COMPLETION_STOPS if self.form(tok) == "completion" else ()
+
     def messages(self, text: str) -> list[dict]:
         """The chat messages of a prompt: one user turn, the task's instruction after the text."""
         return [{"role": "user", "content": f"{text}\n\n{self.instruction}" if self.instruction else text}]
 
+    def completion_text(self, text: str) -> str:
+        """The completion-form prompt of ``text``."""
+        assert self.completion_template is not None
+        block = f"{self.instruction}\n\n" if self.instruction else ""
+        return self.completion_template.format(prompt=text, instruction=block)
+
 
 def encode_prompt(tok: PreTrainedTokenizerBase, text: str, style: PromptStyle | None = None) -> list[int]:
     """Prompt ids as the policy is fed them: ``apply_chat_template`` of the style's messages with
-    the generation prompt when the template is used, else the plain text with the tokenizer's specials."""
+    the generation prompt when the template is used, the completion template's text in completion
+    form, else the plain text; with the tokenizer's specials."""
     style = style or PromptStyle()
-    if style.uses_template(tok):
+    form = style.form(tok)
+    if form == "chat":
         ids = tok.apply_chat_template(style.messages(text), add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
+    if form == "completion":
+        return tok(style.completion_text(text), add_special_tokens=True)["input_ids"]
     return tok(text, add_special_tokens=True)["input_ids"]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mutualrl.models.generation import sample
+from mutualrl.models.generation import cut_at_stop, sample
 from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.tasks import Problem, Verifier
 
@@ -27,6 +27,16 @@ def greedy_accuracy(
         prompts = [encode_prompt(tok, p.prompt, prompt_style) for p in chunk]
         outs = sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens,
                       temperature=0.0)
-        texts = [tok.decode(o.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) for o in outs]
+        texts = [completion_text(tok, o, prompt_style) for o in outs]
         correct += sum(verifier.score_many(chunk, texts))
     return correct / len(problems)
+
+
+def completion_text(tok: PreTrainedTokenizerBase, sample_out, prompt_style: PromptStyle | None) -> str:
+    """A sample's text as it is scored: decoded, and cut at the style's first stop string."""
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    stops = prompt_style.stops(tok) if prompt_style else ()
+    return cut_at_stop(decode, sample_out, stops)[1] if stops else decode(sample_out.token_ids)

@@ -47,12 +47,20 @@ def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
                               **common)
         else:
             task = build_task("jsonl", path=t.path, train_size=t.train_size, **common)
-        return task, build_verifier(t.verifier, task, t.answer_format or "whole")
+        if t.answer_format is None:  # a pretrained policy: the task's own format (read from its data)
+            t.answer_format = task.default_answer_format()
+        return task, build_verifier(t.verifier, task, t.answer_format)
 
 
 def prompt_style(cfg: ExperimentConfig, p: PolicyConfig) -> PromptStyle:
-    """How policy ``p`` is shown prompts: its chat template setting, and the task's instruction."""
-    return PromptStyle(chat_template=p.tokenizer.chat_template, instruction=cfg.task_instruction())
+    """How policy ``p`` is shown prompts (``policies[].prompt``, its tokenizer's chat_template setting) and the
+    task's instruction. A built model is never put in completion form under ``auto``: it is trained on the bare
+    task text."""
+    pr = p.prompt
+    chat = {"chat": True, "completion": False, "bare": False}.get(pr.style, p.tokenizer.chat_template)
+    completion = pr.template if pr.style == "completion" or (pr.style == "auto" and p.model.path) else None
+    return PromptStyle(chat_template=chat, instruction=cfg.task_instruction(), completion_template=completion,
+                       stop=tuple(pr.stop) if pr.stop is not None else None)
 
 
 def model_path(p: PolicyConfig, cache: Path | None, phase: Callable[[str], None] = lambda s: None) -> str | None:
@@ -62,7 +70,8 @@ def model_path(p: PolicyConfig, cache: Path | None, phase: Callable[[str], None]
     from mutualrl.models.pretrained import ModelImportError, resolve_model_path
 
     try:
-        return resolve_model_path(p.model.path, cache, echo=lambda s: phase(f"[{p.name}] {s}"))
+        return resolve_model_path(p.model.path, cache, echo=lambda s: phase(f"[{p.name}] {s}"),
+                                  accept_license=p.model.accept_license)
     except ModelImportError as e:
         raise ValueError(str(e)) from e
 
@@ -129,3 +138,26 @@ def evaluate(pp: PreparedPolicy, model, task: Task, verifier: Verifier, cfg: Exp
     """A policy's held-out greedy accuracy on the first ``eval.size`` problems, prompted as in training."""
     return greedy_accuracy(model, pp.arts.tokenizer, task.eval[: cfg.eval.size], verifier, cfg.budget.max_new_tokens,
                            prompt_style=prompt_style(cfg, pp.config))
+
+
+def pass_rate_before_rl(pp: PreparedPolicy, task: Task, verifier: Verifier, cfg: ExperimentConfig,
+                        warn: Callable[[str], None] = lambda s: None) -> dict | None:
+    """A pretrained policy's sampled pass rate at its own temperature before RL (``eval.pass_rate_check``),
+    as ``summary.json`` keeps it; at 0 % a WARNING through ``warn`` (docs: runtime.pass_rate). None for a built
+    model (its warm start already targets a pass rate) or when the check is off."""
+    from mutualrl.runtime.pass_rate import NO_SIGNAL, sampled_pass_rate
+
+    p = pp.config
+    if not cfg.eval.pass_rate_check or not p.model.path:
+        return None
+    fmt = cfg.task.answer_format or "whole"
+    temperature = p.engine.temperature if p.engine.temperature > 0 else 1.0
+    pr = sampled_pass_rate(pp.arts.model, pp.arts.tokenizer, task.eval[: cfg.eval.pass_rate_problems], verifier, fmt,
+                           lambda f: build_verifier(cfg.task.verifier, task, f), prompt_style(cfg, p),
+                           cfg.budget.max_new_tokens, temperature, cfg.eval.pass_rate_budget_s, seed=cfg.seed)
+    out = pr.summary()
+    if out.get("no_signal"):
+        better = ", ".join(out["better_formats"]) or "none of the other formats either"
+        warn(f"[{p.name}] WARNING: 0 of {pr.problems} sampled answers pass in answer format {fmt} (T={temperature}): "
+             f"{NO_SIGNAL}. The same completions would score under: {better}. Try `mutualrl probe`.")
+    return out

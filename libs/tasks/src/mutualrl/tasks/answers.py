@@ -70,3 +70,15 @@ def extract_answer(text: str, fmt: str) -> Optional[str]:
 def normalise_number(value: str) -> str:
     """A reference answer in the form :func:`extract_answer`'s ``last_number`` gives."""
     return _last_number(value) or value.strip()
+
+
+def is_number(text: str) -> bool:
+    """Whether ``text`` is one number as ``last_number`` extracts it (``-3``, ``1,024``, ``0.5``)."""
+    return _NUMBER.fullmatch(text.strip()) is not None
+
+
+def format_from_answers(answers: list[str]) -> str:
+    """The answer format a model is asked for, read from a task's reference answers: ``last_number`` when
+    every one is a number (an instruct model ends on its number; no tags to learn), else ``answer_tags``
+    (an answer that is a word, a list or an expression needs a delimiter)."""
+    return "last_number" if answers and all(is_number(a) for a in answers) else "answer_tags"

@@ -18,6 +18,7 @@ class ArithmeticTask(Task):
     """
 
     name = "arithmetic"
+    answer_format = "last_number"
 
     def __init__(
         self,

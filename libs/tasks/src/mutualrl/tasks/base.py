@@ -19,6 +19,10 @@ class Task(ABC):
     """
 
     name: str = "task"
+    answer_format: str = "whole"
+    """How a pretrained (instruct or base) model is asked to answer this task by default."""
+    requirements: tuple[tuple[str, str], ...] = ()
+    """(pip requirement, module) of each optional package the task needs; checked before a run starts."""
 
     def __init__(self, seed: int = 0, train_size: int = 20000, eval_size: int = 256):
         self.seed = seed
@@ -30,6 +34,11 @@ class Task(ABC):
     @abstractmethod
     def sample(self, rng: random.Random) -> Problem:
         """Draw one problem (may repeat; splitting dedups)."""
+
+    def default_answer_format(self) -> str:
+        """The answer format a pretrained model is asked for when the config leaves ``task.answer_format`` unset
+        (the class's ``answer_format``; reasoning-gym reads it from its data)."""
+        return self.answer_format
 
     def default_verifier(self, answer_format: str = "whole") -> Verifier:
         """The task's own verifier for answers given in ``answer_format`` (tasks.answers): the

@@ -20,6 +20,7 @@ from mutualrl.tasks.base import Problem, Task, Verifier
 class CountdownTask(Task):
     """Countdown: reach a target with the given numbers and + - * /; verified by evaluating the expression."""
     name = "countdown"
+    answer_format = "last_line"
 
     def __init__(
         self,

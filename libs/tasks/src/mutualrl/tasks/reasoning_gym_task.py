@@ -17,16 +17,12 @@ from typing import Any
 
 from typing_extensions import override
 
-from mutualrl.tasks.answers import extract_answer
+from mutualrl.tasks.answers import extract_answer, format_from_answers
 from mutualrl.tasks.base import Problem, Task, Verifier
 
 REQUIREMENT = "reasoning-gym>=0.1.25"
-NUMERIC_DATASETS = frozenset({
-    "basic_arithmetic", "products", "leg_counting", "gsm_symbolic", "chain_sum", "decimal_arithmetic",
-    "fraction_simplification", "count_bits", "gcd", "lcm", "prime_factorization", "power_function",
-    "bitwise_arithmetic", "calendar_arithmetic", "time_intervals", "number_format", "largest_island",
-})
-"""Datasets whose answer is one number: an instruct model's last number is its answer."""
+FORMAT_SAMPLE = 64
+"""How many of a dataset's reference answers decide its default answer format."""
 
 
 def _reasoning_gym():
@@ -38,15 +34,11 @@ def _reasoning_gym():
     return reasoning_gym
 
 
-def default_answer_format(dataset: str) -> str:
-    """How an instruct model is asked to answer ``dataset`` (the config's ``task.answer_format: null``)."""
-    return "last_number" if dataset in NUMERIC_DATASETS else "answer_tags"
-
-
 class ReasoningGymTask(Task):
     """One reasoning-gym dataset, generated with the task's seed (settings: the dataset's config fields)."""
 
     name = "reasoning_gym"
+    requirements = ((REQUIREMENT, "reasoning_gym"),)
 
     def __init__(self, dataset: str, seed: int = 0, train_size: int = 20000, eval_size: int = 256,
                  settings: dict[str, Any] | None = None):
@@ -71,6 +63,13 @@ class ReasoningGymTask(Task):
         entry = self._dataset[index]
         return Problem(prompt=entry["question"], answer=str(entry["answer"]),
                        meta={"entry": entry, "dataset": self.dataset_name})
+
+    @override
+    def default_answer_format(self) -> str:
+        """From the data, not a list of names: ``last_number`` when every one of the first
+        ``FORMAT_SAMPLE`` training answers (at the dataset's own settings) is a number, else
+        ``answer_tags``."""
+        return format_from_answers([p.answer for p in self.train[:FORMAT_SAMPLE]])
 
     def score_answer(self, answer: str | None, problem: Problem) -> float:
         """The dataset's own score of ``answer`` (0 when no answer could be extracted)."""

@@ -32,6 +32,22 @@ def build_task(name: str, **kwargs: Any) -> Task:
     return TASKS[name](**kwargs)
 
 
+def missing_packages(name: str) -> list[str]:
+    """The pip requirements of task ``name`` that are not installed (empty for an unknown name: building it says
+    so)."""
+    import importlib.util
+
+    task = TASKS.get(name)
+    reqs = getattr(task, "requirements", ())
+    def absent(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except (ImportError, ValueError):  # a module that was there and is gone, or a broken install
+            return True
+
+    return [req for req, module in reqs if absent(module)]
+
+
 def build_verifier(name: str | None, task: Task, answer_format: str = "whole") -> Verifier:
     """The named verifier, or the task's default for answers in ``answer_format`` when ``name`` is None/'default'."""
     if name in (None, "default"):

@@ -7,6 +7,7 @@ publishes the new weights version (write, then announce).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import Counter
@@ -32,6 +33,8 @@ from mutualrl.services.learner.success_bank import SuccessBank
 from mutualrl.tasks import Problem
 from mutualrl.weights import WeightSender
 from mutualrl.weights.handshake import WeightsPublisher
+
+log = logging.getLogger("mutualrl.learner")
 
 
 @dataclass
@@ -69,6 +72,8 @@ class LearnerSettings:
     peer_deadline_s: float = 30.0  # how long to wait for own experience before training on what arrived
     staleness: AsyncConfig = field(default_factory=AsyncConfig)  # pipelined sampling: the decoupled objective (§6)
     record_edges: bool = False  # a sharing graph: each record has an ``edges`` field
+    temperature: float = 1.0  # the engine's sampling temperature: π_θ is computed at it, as π_old was (§1.1)
+    no_signal_warn_steps: int = 3  # K: WARNING after K consecutive steps without a mixed-reward own group
 
 
 class Learner:
@@ -353,7 +358,7 @@ class Learner:
         with torch.no_grad():
             for sl in chunks[1:]:
                 logp, _ = sequence_logprobs(self.model, rows.prompt_token_ids[sl], rows.token_ids[sl],
-                                            pad_id=self.tok.pad_token_id)  # [b, T]
+                                            pad_id=self.tok.pad_token_id, temperature=self.s.temperature)  # [b, T]
                 out.append(logp)
         stages["logprob"] += time.monotonic() - t0
         return out
@@ -383,14 +388,16 @@ class Learner:
         proximal = self._proximal_logprobs(rows, chunks, stages)
         for m, sl in enumerate(chunks):
             prompts, completions = rows.prompt_token_ids[sl], rows.token_ids[sl]
-            logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad)  # [b, T]
+            logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad,
+                                        temperature=self.s.temperature)  # [b, T]
             T = logp.shape[1]
             dev = logp.device
             ref_logp = None
             if a.kl_coef > 0 and self.ref_model is not None:
                 t_ref = time.monotonic()
                 with torch.no_grad():
-                    ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=pad)
+                    ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=pad,
+                                                    temperature=self.s.temperature)
                 stages["logprob"] += time.monotonic() - t_ref
             out = self.mode.loss(LossInputs(
                 logp=logp,
@@ -460,6 +467,14 @@ class Learner:
         kl_value = metrics.get("kl") if metrics.get("kl") is not None else metrics.get("approx_kl")
         grad_norm = sum(grad_norms) / len(grad_norms)
         self.last_edges = self._edge_counts(rows, intake, rescues)
+        signal_groups = _signal_groups(rows)
+        self.totals["no_signal_run"] = 0 if signal_groups else self.totals["no_signal_run"] + 1
+        run = self.totals["no_signal_run"]
+        if run and run % self.s.no_signal_warn_steps == 0:
+            log.warning("policy %s: every own group had equal rewards for %d steps in a row (step %d, reward mean "
+                        "%.2f): GRPO has no signal; check the answer format and prompt style (mutualrl probe)",
+                        self.policy, run, step, sum(rows.reward[i] for i in range(len(rows)) if rows.kind[i] == OWN)
+                        / max(1, len(own)))
         record = {
             "step": step,
             "policy": self.policy,
@@ -481,6 +496,8 @@ class Learner:
                                    "failure_rate": round(e.failure_rate, 3)} for e in self.reputation_events],
             "rescue_count": len(rescues),
             "gate_open": gate_open,
+            "signal_groups": signal_groups,
+            "no_signal_steps": self.totals["no_signal_run"],
             **intake.residual_summary(),
             "weights_version": self.version,
             "ratio_mean": metrics.pop("ratio_mean", None),
@@ -508,6 +525,16 @@ class Learner:
             out[f"{src}->{self.policy}"] = {"offered": c["offered"], "used": used[src], "stale": c["stale"],
                                             "thl_rejected": c["thl_rejected"], "rescues": rescued[src]}
         return out
+
+
+def _signal_groups(rows: Rows) -> int:
+    """Own prompt groups whose rewards are not all equal: the only ones that give GRPO's group-relative advantage
+    a signal (docs/algorithms.md §1.1). A step with none trains on nothing of its own."""
+    by_prompt: dict[str, set[float]] = {}
+    for pid, kind, r in zip(rows.prompt_id, rows.kind, rows.reward):
+        if kind == OWN:
+            by_prompt.setdefault(pid, set()).add(r)
+    return sum(1 for rewards in by_prompt.values() if len(rewards) > 1)
 
 
 def _context_limit(config) -> int:

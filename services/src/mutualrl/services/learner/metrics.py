@@ -47,6 +47,8 @@ class LearnerMetrics:
         self.stale = Gauge("mutualrl_staleness_steps", "Steps the slowest peer is behind this learner.",
                            ["policy", "role"], registry=r)
         self.reward = Gauge("mutualrl_reward_mean", "Mean own reward of the last step.", ["policy"], registry=r)
+        self.no_signal = Gauge("mutualrl_no_signal_steps", "Consecutive steps in which every own group's rewards were "
+                               "equal (GRPO had no signal of its own).", ["policy"], registry=r)
         self.quarantined = Gauge("mutualrl_peer_quarantined",
                                  "1 while this receiver ignores the peer's experience (its claims kept failing).",
                                  ["policy", "peer"], registry=r)
@@ -125,6 +127,7 @@ class LearnerMetrics:
         if rec.get("eval_accuracy") is not None:
             self.accuracy.labels(p).set(rec["eval_accuracy"])
         self.reward.labels(p).set(rec["reward_mean"])
+        self.no_signal.labels(p).set(rec.get("no_signal_steps") or 0)
         self.rollouts.labels(p).inc(len(learner.last_used.get("own", [])))
         self.shared_in.labels(p).inc(rec.get("shared_in", 0))
         for reason, n in (rec.get("peer_rejected") or {}).items():

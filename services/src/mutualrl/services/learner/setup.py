@@ -51,7 +51,8 @@ def make_learner(
         group_size=cfg.budget.group_size, algorithm=cfg.algorithm, sharing=sharing,
         optim=learner_optim(sharing, p.optim, len(peers)),
         max_new_tokens=cfg.budget.max_new_tokens, device=device or p.engine.device, peer_deadline_s=peer_deadline_s,
-        staleness=cfg.async_, record_edges=cfg.sharing.edges is not None,
+        staleness=cfg.async_, record_edges=cfg.sharing.edges is not None, temperature=p.engine.temperature,
+        no_signal_warn_steps=cfg.eval.no_signal_steps,
     )
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
                    ref_model=ref)

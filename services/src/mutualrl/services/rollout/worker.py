@@ -10,6 +10,7 @@ from typing import Callable
 
 from transformers import PreTrainedTokenizerBase
 
+from mutualrl.models.generation import Sample, cut_at_stop
 from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange
@@ -79,6 +80,11 @@ class RolloutWorker:
         flat = [s for group in groups for s in group]
         all_texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True,
                                           clean_up_tokenization_spaces=False)
+        stops = self.prompt_style.stops(self.tokenizer) if self.prompt_style else ()
+        if stops:  # a completion-form policy: cut each completion at its first stop string (tokens and text)
+            flat, all_texts = self._cut(flat, stops)
+            sizes = [len(g) for g in groups]
+            groups = [flat[sum(sizes[:i]):sum(sizes[: i + 1])] for i in range(len(sizes))]
         all_canonical = self._canonical(flat, all_texts)
         offset = 0
         for problem, p_ids, group in zip(problems, prompt_ids, groups):
@@ -108,6 +114,13 @@ class RolloutWorker:
             self.exchange.publish(_advantage_stats(problem.prompt_id, step, rewards), self.policy, version)
         self.total_rollouts += result.count
         return result
+
+    def _cut(self, samples: list[Sample], stops: tuple[str, ...]) -> tuple[list[Sample], list[str]]:
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+        cut = [cut_at_stop(decode, s, stops) for s in samples]
+        return [c[0] for c in cut], [c[1] for c in cut]
 
     def _canonical(self, samples: list, texts: list[str]) -> list[bool]:
         """Whether each sampled path is the canonical encoding of its text: computed once here, in

@@ -1,0 +1,156 @@
+"""``mutualrl probe``: before a long run, how each policy does on the task under each answer format and
+prompt style — and the setting where RL has room.
+
+GRPO learns from groups whose rewards differ. With a sampled pass rate p and G samples a group, the share
+of groups that carry a signal is ``1 − p^G − (1 − p)^G``: zero at p = 0 and p = 1, highest in between. A
+policy that cannot write the answer *form* a verifier reads sits at p = 0 whatever it knows (SmolLM2 asked
+for ``<answer>`` tags scored 0 of 128; asked to end on the number, 3.9 % and then 65.6 % after 5 steps). The
+probe measures greedy and sampled pass rates on held-out problems for every (format, style), then picks:
+
+- one answer format for the task — the verifier's contract, shared by every policy — maximising the
+  smallest per-policy signal share (the weakest policy decides);
+- per policy, the prompt style with the largest signal share under that format.
+
+Where the pick leaves a policy outside ~10–70 % sampled, it says so: no format gives every policy room.
+Policies are probed one at a time, so memory is that of the largest one.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from mutualrl.config import ExperimentConfig
+from mutualrl.models.generation import sample
+from mutualrl.models.policy import PromptStyle, encode_prompt
+from mutualrl.runtime.evaluation import completion_text
+from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy
+from mutualrl.tasks import build_verifier
+from mutualrl.tasks.answers import INSTRUCTIONS
+
+ROOM = (0.10, 0.70)
+"""Sampled pass rates where GRPO has room: enough successes to learn from, enough failures to improve on."""
+DEFAULT_FORMATS = ("last_number", "answer_tags", "boxed", "last_line")
+
+
+@dataclass
+class Cell:
+    """One policy under one (answer format, prompt style)."""
+
+    policy: str
+    answer_format: str
+    style: str
+    problems: int
+    greedy: float
+    sampled: float
+    signal: float  # expected share of groups of G samples with mixed rewards
+    seconds: float
+
+
+def signal_share(p: float, group_size: int) -> float:
+    """The probability that G independent samples at pass rate p do not all agree."""
+    return 1.0 - p ** group_size - (1.0 - p) ** group_size
+
+
+def _styles(cfg: ExperimentConfig, index: int, tok) -> list[str]:
+    p = cfg.policies[index]
+    if not p.model.path:
+        return ["bare"]
+    styles = ["chat"] if getattr(tok, "chat_template", None) else []
+    return styles + ["completion"]
+
+
+def _style(cfg: ExperimentConfig, index: int, style: str, fmt: str) -> PromptStyle:
+    p = cfg.policies[index]
+    instruction = cfg.task.instruction if cfg.task.instruction is not None else INSTRUCTIONS[fmt]
+    if style == "chat":
+        return PromptStyle(chat_template=True, instruction=instruction)
+    if style == "completion":
+        return PromptStyle(chat_template=False, instruction=instruction, completion_template=p.prompt.template,
+                           stop=tuple(p.prompt.stop) if p.prompt.stop is not None else None)
+    return PromptStyle(chat_template=False, instruction=instruction)
+
+
+def _rate(model, tok, problems, verifier, style: PromptStyle, max_new_tokens: int, temperature: float,
+          seed: int, batch: int) -> float:
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    passed = 0.0
+    for i in range(0, len(problems), batch):
+        part = problems[i : i + batch]
+        outs = sample(model, [encode_prompt(tok, q.prompt, style) for q in part], eos_id=tok.eos_token_id,
+                      pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature, generator=gen)
+        passed += sum(verifier.score_many(part, [completion_text(tok, o, style) for o in outs]))
+    return passed / len(problems)
+
+
+def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT_FORMATS,
+          max_new_tokens: int | None = None, batch: int = 16, cache=None,
+          echo: Callable[[str], None] = lambda s: None) -> dict:
+    """Every policy's greedy and sampled pass rate under every (format, style) on the first ``n`` held-out
+    problems, and the pick (module docstring)."""
+    from mutualrl.models.cache import default_cache_dir
+
+    cache = cache or default_cache_dir()
+    task, _ = build_task_from_config(cfg)
+    problems = task.eval[:n]
+    tokens = max_new_tokens or cfg.budget.max_new_tokens
+    G = cfg.budget.group_size
+    cells: list[Cell] = []
+    for index, p in enumerate(cfg.policies):
+        pp = prepare_policy(cfg, index, task, build_verifier(cfg.task.verifier, task, formats[0]), cache, echo)
+        model, tok = pp.arts.model, pp.arts.tokenizer
+        temperature = p.engine.temperature if p.engine.temperature > 0 else 1.0
+        for style in _styles(cfg, index, tok):
+            for fmt in formats:
+                t0 = time.monotonic()
+                verifier = build_verifier(cfg.task.verifier, task, fmt)
+                ps = _style(cfg, index, style, fmt)
+                greedy = _rate(model, tok, problems, verifier, ps, tokens, 0.0, cfg.seed, batch)
+                sampled = _rate(model, tok, problems, verifier, ps, tokens, temperature, cfg.seed, batch)
+                cell = Cell(p.name, fmt, style, len(problems), greedy, sampled, signal_share(sampled, G),
+                            round(time.monotonic() - t0, 1))
+                cells.append(cell)
+                echo(f"[{p.name}] {style:10s} {fmt:12s} greedy {greedy:6.1%}  sampled {sampled:6.1%}  "
+                     f"({cell.seconds:.0f} s)")
+        del pp, model
+        gc.collect()
+    return {"task": cfg.task.name, "dataset": cfg.task.dataset, "dataset_config": cfg.task.dataset_config,
+            "problems": len(problems), "max_new_tokens": tokens, "group_size": G,
+            "cells": [asdict(c) for c in cells], "pick": pick(cells, [p.name for p in cfg.policies], formats)}
+
+
+def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...]) -> dict:
+    """The answer format maximising the weakest policy's best signal share, each policy's best style under it,
+    and whether every policy then has room."""
+    def best(policy: str, fmt: str) -> Cell:
+        mine = [c for c in cells if c.policy == policy and c.answer_format == fmt]
+        return max(mine, key=lambda c: (c.signal, c.sampled))
+
+    scored = {fmt: min(best(q, fmt).signal for q in policies) for fmt in formats}
+    fmt = max(formats, key=lambda f: (scored[f], sum(best(q, f).sampled for q in policies)))
+    styles = {q: best(q, fmt).style for q in policies}
+    outside = {q: best(q, fmt).sampled for q in policies if not ROOM[0] <= best(q, fmt).sampled <= ROOM[1]}
+    note = ("every policy has room" if not outside else
+            "no format gives every policy room: " + ", ".join(f"{q} samples {r:.0%}" for q, r in outside.items())
+            + f" (outside {ROOM[0]:.0%}–{ROOM[1]:.0%}); make the task easier or harder for them, or let a peer's "
+            "successes carry the policy (SGT)")
+    return {"answer_format": fmt, "styles": styles, "weakest_signal": scored[fmt], "room": not outside,
+            "note": note, "overrides": [f"task.answer_format={fmt}"]
+            + [f"policies.{q}.prompt.style={s}" for q, s in styles.items()]}
+
+
+def render(result: dict) -> str:
+    """The probe's table and pick as Markdown."""
+    lines = ["| policy | style | answer format | greedy | sampled | signal share |", "|---|---|---|---|---|---|"]
+    for c in result["cells"]:
+        lines.append(f"| {c['policy']} | {c['style']} | {c['answer_format']} | {c['greedy']:.1%} | "
+                     f"{c['sampled']:.1%} | {c['signal']:.2f} |")
+    pk = result["pick"]
+    lines += ["", f"Pick: `task.answer_format: {pk['answer_format']}`; styles: "
+              + ", ".join(f"{q} `{s}`" for q, s in pk["styles"].items()) + f". {pk['note']}.",
+              "", "Overrides: " + " ".join(f"`--set {o}`" for o in pk["overrides"])]
+    return "\n".join(lines)

