@@ -29,12 +29,14 @@ RUN pip install -c constraints-cpu.txt "grpcio-tools==1.85.1" \
     && mkdir -p gen \
     && python -m grpc_tools.protoc -I proto --python_out=gen --grpc_python_out=gen --pyi_out=gen proto/mutualrl/v1/*.proto \
     && touch gen/mutualrl/v1/__init__.py
+# The real extra (gguf, accelerate, reasoning-gym) lets `mutualrl models get` convert presets on a
+# read-only root and runs reasoning-gym tasks.
 # DL3013: this installs the project itself; its dependencies are pinned by constraints-cpu.txt
 # (cpu) or by the engine release pinned above and that release's own pins (cuda)
 # hadolint ignore=DL3013
-RUN if [ "$FLAVOR" = "cpu" ]; then pip install -c constraints-cpu.txt .; \
-    elif [ "$ENGINE" = "vllm" ]; then pip install ".[vllm]" "vllm==${VLLM_VERSION}"; \
-    elif [ "$ENGINE" = "sglang" ]; then pip install ".[sglang]" "sglang==${SGLANG_VERSION}"; \
+RUN if [ "$FLAVOR" = "cpu" ]; then pip install -c constraints-cpu.txt ".[real]"; \
+    elif [ "$ENGINE" = "vllm" ]; then pip install ".[real,vllm]" "vllm==${VLLM_VERSION}"; \
+    elif [ "$ENGINE" = "sglang" ]; then pip install ".[real,sglang]" "sglang==${SGLANG_VERSION}"; \
     else echo "ENGINE must be vllm or sglang, got $ENGINE" >&2; exit 1; fi
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime

@@ -355,3 +355,25 @@ def test_bad_tracking_values_fail_the_install_naming_the_field(tracking, field):
     with pytest.raises(helm_python.HelmError) as e:
         helm_python.Chart.load(CHART).render(v, name="rl", namespace="ml", is_install=True)
     assert field in str(e.value)
+
+
+def test_model_presets_are_fetched_by_an_init_container_of_the_charts_image():
+    values = values_of(VALUES[0]) if VALUES else {}
+    values["models"] = {**values.get("models", {}), "existingClaim": "team-models",
+                        "presets": ["qwen2.5-coder-0.5b-instruct", "gemma-3-270m"], "acceptLicense": True}
+    objs = render(values)
+    pods = [w["spec"]["template"]["spec"] for w in policy_workloads(objs)]
+    assert pods
+    for pod in pods:
+        init = [c for c in pod["initContainers"] if c["name"] == "models"][0]
+        assert init["command"] == ["mutualrl", "models", "get", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m",
+                                   "--cache", "/models/mutualrl", "--accept-license"]
+        assert init["image"] == pod["containers"][0]["image"]  # the chart's own image
+        claim = [v for v in pod["volumes"] if v["name"] == "models"][0]["persistentVolumeClaim"]
+        assert claim["readOnly"] is False  # the init container writes the converted folders
+        for c in pod["containers"] + [init]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            if c["name"] == "models" or "mutualrl" in c["image"]:
+                assert env.get("MUTUALRL_CACHE") == "/models/mutualrl", c["name"]
+    with pytest.raises(Exception, match="presets"):
+        render({"models": {"presets": ["no-such-model"]}})

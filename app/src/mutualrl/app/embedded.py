@@ -194,7 +194,6 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
     out_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out_dir / "config.yaml")
     metrics_path = out_dir / "metrics.jsonl"
     metrics_path.write_text("")
     writer = MetricsWriter(metrics_path)
@@ -202,6 +201,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
 
     rep.phase(f"building task {cfg.task.name}")
     task, verifier = build_task_from_config(cfg)
+    dump_config(cfg, out_dir / "config.yaml")  # resolved: building the task settles task.answer_format
 
     for p in cfg.policies:  # pre-flight: an absent engine server fails before any model work
         if p.engine.backend != "hf":

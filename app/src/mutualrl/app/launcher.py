@@ -36,7 +36,7 @@ from mutualrl.runtime.exchange_setup import (
     run_namespace,
 )
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, write_summary
-from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, prepare_policy
+from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, pass_rate_before_rl, prepare_policy
 from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.see.acl import ServiceUser, acl_file
 from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
@@ -116,8 +116,9 @@ class Supervisor:
         }, indent=2))
         return self.local_plan
 
-    def prepare(self) -> dict[str, tuple[float, int, str, int]]:
-        """Warm starts and starting accuracies (the services then load them from the cache)."""
+    def prepare(self) -> dict[str, tuple[float, int, str, int, dict | None]]:
+        """Warm starts, starting accuracies and pretrained policies' pass rates before RL (the services then load
+        the policies from the cache)."""
         cfg = self.cfg
         task, verifier = build_task_from_config(cfg)
         cache = default_cache_dir()
@@ -125,7 +126,8 @@ class Supervisor:
         for i, p in enumerate(cfg.policies):
             pp = prepare_policy(cfg, i, task, verifier, cache, lambda s: self.echo(f"[up] {s}"))
             out[p.name] = (evaluate(pp, pp.arts.model, task, verifier, cfg), pp.warm_steps, pp.arts.source,
-                           pp.arts.num_params)
+                           pp.arts.num_params, pass_rate_before_rl(pp, task, verifier, cfg, self.echo))
+            del pp  # one policy's model in this process at a time
         return out
 
     def start(self) -> None:
@@ -267,7 +269,7 @@ def _sum_counts(dicts) -> dict[str, int]:
     return total
 
 
-def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[float, int, str, int]],
+def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[float, int, str, int, dict | None]],
                   restarts: dict[str, int]) -> dict:
     """The same files as `mutualrl run`: metrics.jsonl (one record per policy and step: the last
     write of a step wins, a step retrained after a crash included), curves.png, summary.json."""
@@ -313,8 +315,9 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
                 rescue_count=sum(r.get("rescue_count") or 0 for r in per_policy.get(name, {}).values()),
                 peer_rejections=_sum_counts(r.get("peer_rejected") or {} for r in per_policy.get(name, {}).values()),
                 restarts={k: v for k, v in restarts.items() if k.startswith(name + ".")},
+                **({"pass_rate_before_rl": pass_rate} if pass_rate is not None else {}),
             )
-            for name, (acc, ws_steps, src, params) in starts.items()
+            for name, (acc, ws_steps, src, params, pass_rate) in starts.items()
         },
         launcher="services",
     )
@@ -349,6 +352,7 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
         if cfg.broker.url is not None:  # fail fast, as `mutualrl run` does, before any warm start
             probe_broker(redis_options(given, given.url))
         starts = sup.prepare()
+        dump_config(cfg, out / "config.yaml")  # again: building the task resolved what the file left open
         sup.start()
         rc = sup.supervise()
     finally:

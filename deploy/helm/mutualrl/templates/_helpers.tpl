@@ -227,8 +227,21 @@ capabilities: {drop: [ALL]}
 {{- with $m.existingClaim }}{{ $_ := set $out "claim" . }}{{ end -}}
 {{- with $m.hostPath }}{{ $_ := set $out "host_path" . }}{{ end -}}
 {{- with $m.hfTokenSecret }}{{ $_ := set $out "hf_token_secret" . }}{{ end -}}
-{{- if (dig "download" "image" "" $m) }}{{ $_ := set $out "download" (dict "image" $m.download.image "command" $m.download.command) }}{{ end -}}
+{{- with (include "mutualrl.modelsDownload" . | fromYaml) }}{{ $_ := set $out "download" . }}{{ end -}}
 {{- toYaml $out -}}
+{{- end -}}
+
+{{/* What fills the model volume: models.download's image and command, else `mutualrl models get` of
+     models.presets in the chart's own image (its converted folders under /models/mutualrl). */}}
+{{- define "mutualrl.modelsDownload" -}}
+{{- $m := .Values.models -}}
+{{- if (dig "download" "image" "" $m) -}}
+{{- toYaml (dict "image" $m.download.image "command" $m.download.command) -}}
+{{- else if $m.presets -}}
+{{- $cmd := concat (list "mutualrl" "models" "get") $m.presets (list "--cache" "/models/mutualrl") -}}
+{{- if $m.acceptLicense }}{{ $cmd = append $cmd "--accept-license" }}{{ end -}}
+{{- toYaml (dict "image" (include "mutualrl.image" .) "command" $cmd) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Requests and limits with `gpus` NVIDIA GPUs added (an extended resource's request equals its limit), as
@@ -246,6 +259,9 @@ capabilities: {drop: [ALL]}
 {{/* HF_HOME on the model volume, and HF_TOKEN from its Secret when one is named. */}}
 {{- define "mutualrl.modelsEnv" -}}
 - {name: HF_HOME, value: {{ .Values.models.hfHome | quote }}}
+{{- if .Values.models.presets }}
+- {name: MUTUALRL_CACHE, value: /models/mutualrl}
+{{- end }}
 {{- with .Values.models.hfTokenSecret }}
 - name: HF_TOKEN
   valueFrom:
@@ -257,7 +273,7 @@ capabilities: {drop: [ALL]}
 {{- define "mutualrl.modelsVolume" -}}
 - name: models
 {{- if .Values.models.existingClaim }}
-  persistentVolumeClaim: {claimName: {{ .Values.models.existingClaim }}, readOnly: {{ not (dig "download" "image" "" .Values.models) }}}
+  persistentVolumeClaim: {claimName: {{ .Values.models.existingClaim }}, readOnly: {{ not (include "mutualrl.modelsDownload" .) }}}
 {{- else if .Values.models.hostPath }}
   hostPath: {path: {{ .Values.models.hostPath }}, type: Directory}
 {{- else }}
@@ -265,15 +281,18 @@ capabilities: {drop: [ALL]}
 {{- end }}
 {{- end -}}
 
-{{/* The init container that fills the model volume, when models.download names an image. */}}
+{{/* The init container that fills the model volume, when models.download names an image or models.presets
+     names presets. */}}
 {{- define "mutualrl.modelDownload" -}}
-{{- if (dig "download" "image" "" .Values.models) }}
+{{- with (include "mutualrl.modelsDownload" . | fromYaml) }}
 initContainers:
   - name: models
-    image: {{ .Values.models.download.image }}
-    command: {{- toYaml .Values.models.download.command | nindent 6 }}
-    env: {{- include "mutualrl.modelsEnv" . | nindent 6 }}
-    securityContext: {{- include "mutualrl.containerSecurityContext" . | nindent 6 }}
+    image: {{ .image }}
+    command: {{- toYaml .command | nindent 6 }}
+    env:
+      {{- include "mutualrl.modelsEnv" $ | nindent 6 }}
+      - {name: HOME, value: /tmp}
+    securityContext: {{- include "mutualrl.containerSecurityContext" $ | nindent 6 }}
     volumeMounts:
       - {name: models, mountPath: /models}
       - {name: tmp, mountPath: /tmp}
