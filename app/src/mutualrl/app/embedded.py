@@ -45,6 +45,7 @@ from mutualrl.tracking.identity import new_group, run_info
 from mutualrl.tracking.sink import RecordSink
 from mutualrl.weights import WeightStore
 from mutualrl.weights.handshake import WeightsFollower
+from mutualrl.weights.shared import SharedModelSender
 
 
 @contextmanager
@@ -111,10 +112,13 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
         if cfg.eval.pass_rate_check and p.model.path:
             rep.phase(f"[{p.name}] sampling its pass rate before RL")
         pass_rate = pass_rate_before_rl(pp, task, verifier, cfg, rep.warn)
+        # synchronous and in-process: the engine samples the learner's own module (mutualrl.weights.shared)
+        share = p.engine.backend == "hf" and cfg.async_.max_staleness == 0 and cfg.weights.share_in_process
         with _engine_errors(p.name):
-            engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source)
+            engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source,
+                                  share=share)
         worker = make_worker(cfg, pp, engine, exchange, verifier)
-        learner = make_learner(cfg, pp, exchange, store, registry, verifier)
+        learner = make_learner(cfg, pp, exchange, SharedModelSender() if share else store, registry, verifier)
         loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg),
                            steps=cfg.budget.steps, eval_every=cfg.eval.every)
         runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps, pass_rate))

@@ -603,6 +603,10 @@ class WeightsConfig(_Strict):
                       "picks a free port per policy.")
     timeout_s: float = Field(600.0, gt=0, description="collective: how long the two ends wait for each other "
                              "(rendezvous and each version).")
+    share_in_process: bool = Field(True, description="`mutualrl run` with synchronous sampling (async.max_staleness "
+                                   "0) and an hf engine: the engine samples the learner's own module, no copy of the "
+                                   "weights (the same numbers: it samples step t's rollouts after step t-1's update "
+                                   "and before step t's). false keeps a copy per engine and per version in memory.")
 
 
 class LauncherConfig(_Strict):

@@ -15,14 +15,15 @@ from mutualrl.weights.groups import parse_address, resolve_backend
 
 def build_engine(cfg: EngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, store: WeightReceiver,
                  name: str,
-                 collective: bool = False) -> RolloutEngine:
+                 collective: bool = False, share: bool = False) -> RolloutEngine:
     """``hf`` samples a private copy of ``model`` (loading through ``store``); ``vllm``/``sglang``
     probe their server and raise :class:`~mutualrl.services.rollout.http_engines.EngineUnavailable`
     naming what is missing. ``collective``: the server takes weights from the learner's broadcast
-    (it joins the weight group; see :func:`join_engine_group`), not from a directory."""
+    (it joins the weight group; see :func:`join_engine_group`), not from a directory. ``share`` (hf, in the
+    learner's process): sample ``model`` itself, not a copy (mutualrl.weights.shared)."""
     if cfg.backend == "hf":
         return HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, store=store,
-                        device=cfg.device, name=name)
+                        device=cfg.device, name=name, share=share)
     assert cfg.url is not None
     if store.root is None and not collective:
         raise ValueError(f"the {cfg.backend} engine loads weights from a directory; the run needs a directory weight "

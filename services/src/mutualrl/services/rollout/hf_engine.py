@@ -14,6 +14,7 @@ from typing_extensions import override
 from mutualrl.models.generation import Sample, sample
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
 from mutualrl.weights import TensorManifest, WeightReceiver
+from mutualrl.weights.shared import SHARED_SCHEME
 
 
 class HFEngine(RolloutEngine):
@@ -24,8 +25,10 @@ class HFEngine(RolloutEngine):
     """
 
     def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightReceiver, device: str = "cpu",
-                 name: str = ""):
-        self.model = copy.deepcopy(model).to(device).eval()
+                 name: str = "", share: bool = False):
+        # share: sample the learner's own module (`mutualrl run`, synchronous: mutualrl.weights.shared)
+        self.shared = share
+        self.model = model if share else copy.deepcopy(model).to(device).eval()
         self.eos_id, self.pad_id = eos_id, pad_id
         self.store = store
         self.device = device
@@ -62,6 +65,13 @@ class HFEngine(RolloutEngine):
                        manifest: TensorManifest | None = None) -> None:
         if version <= self.version:
             raise ValueError(f"weights version {version} is not newer than the served {self.version}")
+        if uri.startswith(SHARED_SCHEME) or self.shared:
+            if not (self.shared and uri.startswith(SHARED_SCHEME)):
+                raise ValueError(f"weights at {uri} cannot be served by this engine (it "
+                                 f"{'shares' if self.shared else 'does not share'} the learner's module)")
+            with self._lock:  # the learner's module is these weights already
+                self.version = version
+            return
         state = self.store.get(uri, checksum, manifest)
         with self._lock:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
