@@ -25,9 +25,8 @@ from typing import Callable
 import torch
 
 from mutualrl.config import ExperimentConfig
-from mutualrl.models.generation import sample
-from mutualrl.models.policy import PromptStyle, encode_prompt
-from mutualrl.runtime.evaluation import completion_text
+from mutualrl.models.policy import PromptStyle
+from mutualrl.runtime.evaluation import scored_texts
 from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy
 from mutualrl.tasks import build_verifier
 from mutualrl.tasks.answers import INSTRUCTIONS
@@ -81,9 +80,8 @@ def _rate(model, tok, problems, verifier, style: PromptStyle, max_new_tokens: in
     passed = 0.0
     for i in range(0, len(problems), batch):
         part = problems[i : i + batch]
-        outs = sample(model, [encode_prompt(tok, q.prompt, style) for q in part], eos_id=tok.eos_token_id,
-                      pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature, generator=gen)
-        passed += sum(verifier.score_many(part, [completion_text(tok, o, style) for o in outs]))
+        passed += sum(verifier.score_many(part, scored_texts(model, tok, part, max_new_tokens, temperature, style,
+                                                             gen)))
     return passed / len(problems)
 
 

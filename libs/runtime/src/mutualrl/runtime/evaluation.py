@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.models.generation import cut_at_stop, sample
@@ -24,12 +25,19 @@ def greedy_accuracy(
     correct = 0.0
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        prompts = [encode_prompt(tok, p.prompt, prompt_style) for p in chunk]
-        outs = sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens,
-                      temperature=0.0)
-        texts = [completion_text(tok, o, prompt_style) for o in outs]
-        correct += sum(verifier.score_many(chunk, texts))
+        correct += sum(verifier.score_many(chunk, scored_texts(model, tok, chunk, max_new_tokens, 0.0, prompt_style)))
     return correct / len(problems)
+
+
+def scored_texts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: list[Problem], max_new_tokens: int,
+                 temperature: float, prompt_style: PromptStyle | None,
+                 generator: torch.Generator | None = None) -> list[str]:
+    """One completion per problem, prompted as the policy is and sampled at ``temperature`` (0: greedy), as the
+    verifier reads it (cut at the style's first stop string). Evaluation, the pass rate before RL and
+    ``mutualrl probe`` all score these."""
+    outs = sample(model, [encode_prompt(tok, p.prompt, prompt_style) for p in problems], eos_id=tok.eos_token_id,
+                  pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
+    return [completion_text(tok, o, prompt_style) for o in outs]
 
 
 def completion_text(tok: PreTrainedTokenizerBase, sample_out, prompt_style: PromptStyle | None) -> str:

@@ -18,9 +18,8 @@ from typing import Callable
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mutualrl.models.generation import sample
-from mutualrl.models.policy import PromptStyle, encode_prompt
-from mutualrl.runtime.evaluation import completion_text
+from mutualrl.models.policy import PromptStyle
+from mutualrl.runtime.evaluation import scored_texts
 from mutualrl.tasks import Problem, Verifier
 from mutualrl.tasks.answers import ANSWER_FORMATS
 
@@ -69,10 +68,8 @@ def sampled_pass_rate(model: PreTrainedModel, tok: PreTrainedTokenizerBase, prob
         if done and time.monotonic() - t0 > budget_s:
             break
         part = problems[i : i + chunk]
-        outs = sample(model, [encode_prompt(tok, p.prompt, style) for p in part], eos_id=tok.eos_token_id,
-                      pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature, generator=gen)
+        texts += scored_texts(model, tok, part, max_new_tokens, temperature, style, gen)
         done += part
-        texts += [completion_text(tok, o, style) for o in outs]
     passed = int(sum(verifier.score_many(done, texts)))
     others = {}
     for fmt in ANSWER_FORMATS:
