@@ -4,6 +4,7 @@ chat-style answer scores by what it says, a built model keeps whole-completion m
 import pytest
 
 from mutualrl.config.schema import PRETRAINED_LR, ExperimentConfig
+from mutualrl.models.precision import resolve_precision
 from mutualrl.tasks import Problem, build_task, build_verifier
 from mutualrl.tasks.answers import INSTRUCTIONS, extract_answer
 
@@ -56,11 +57,10 @@ def test_a_loaded_model_gets_pretrained_defaults():
     cfg = _cfg(REAL)
     p = cfg.policies[0]
     assert p.warm_start.enabled is False and p.optim.lr == PRETRAINED_LR
-    assert p.torch_dtype_name() == "float32"  # on a CPU
+    assert resolve_precision(p.model.dtype, pretrained=True, device=p.engine.device,
+                             cpuinfo="flags\t: fpu avx2").name == "float32"  # a CPU without bf16
     assert cfg.task.answer_format == "last_number"
     assert cfg.task_instruction() == INSTRUCTIONS["last_number"]
-    cuda = _cfg({**REAL, "engine": {"device": "cuda:0"}})
-    assert cuda.policies[0].torch_dtype_name() == "bfloat16"
     # the resolved config round-trips (config.yaml is written resolved)
     again = ExperimentConfig.model_validate(cfg.model_dump())
     assert again.policies[0].optim.lr == PRETRAINED_LR and again.task.answer_format == "last_number"
@@ -76,7 +76,9 @@ def test_values_a_file_sets_are_kept_for_a_loaded_model():
 def test_a_built_model_keeps_todays_behaviour():
     cfg = _cfg(BUILT)
     p = cfg.policies[0]
-    assert p.warm_start.enabled is True and p.optim.lr == 1e-4 and p.torch_dtype_name() == "float32"
+    assert p.warm_start.enabled is True and p.optim.lr == 1e-4
+    assert resolve_precision(p.model.dtype, pretrained=False, device="cpu",
+                             cpuinfo="flags\t: avx512_bf16").name == "float32"
     assert cfg.task.answer_format == "whole" and cfg.task_instruction() == ""
     # beside a pretrained peer the whole experiment asks for the chat format
     assert _cfg(BUILT, REAL).task.answer_format == "last_number"

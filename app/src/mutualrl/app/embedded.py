@@ -116,7 +116,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
         share = p.engine.backend == "hf" and cfg.async_.max_staleness == 0 and cfg.weights.share_in_process
         with _engine_errors(p.name):
             engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source,
-                                  share=share)
+                                  share=share, precision=pp.precision)
         worker = make_worker(cfg, pp, engine, exchange, verifier)
         learner = make_learner(cfg, pp, exchange, SharedModelSender() if share else store, registry, verifier)
         loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg),

@@ -30,10 +30,15 @@ class ModelConfig(_Strict):
     num_heads: int = Field(4, ge=1, description="Built models only.")
     intermediate_size: int = Field(512, ge=8, description="Built models only (MLP width).")
     max_positions: int = Field(128, ge=16, description="Built models only: context length.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Weights and training dtype. auto: float32 on a CPU (bf16 matmuls are slow there and its "
-                            "rounding moves the PPO ratio off 1), bfloat16 for a loaded model on a GPU (as verl and "
-                            "TRL train), float32 for built models.")
+    dtype: Literal["auto", "float32", "bf16-mixed", "bfloat16", "float16"] = Field(
+        "auto", description="Precision (docs/algorithms.md §7.1). float32: everything in fp32 (tests, golden runs). "
+                            "bf16-mixed: fp32 weights and optimiser state, forward and backward under bf16 autocast, "
+                            "log-probs and loss in fp32. bfloat16/float16: the weights themselves in that dtype. auto: "
+                            "bf16-mixed for a loaded model on a CUDA GPU with bf16 or a CPU with AVX-512 BF16/AMX, "
+                            "float32 otherwise (built models; CPUs that emulate bf16, ~100x slower).")
+    gradient_checkpointing: bool = Field(False, description="Recompute each layer's activations in the backward "
+                                         "instead of keeping them: about a third more compute for a fraction of "
+                                         "the activation memory (large models, long completions).")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":
@@ -223,12 +228,6 @@ class PolicyConfig(_Strict):
                 self.optim.lr = PRETRAINED_LR
         return self
 
-    def torch_dtype_name(self) -> str:
-        """The dtype ``model.dtype: auto`` resolves to for this policy's device."""
-        if self.model.dtype != "auto":
-            return self.model.dtype
-        return "bfloat16" if self.model.path and self.engine.device.startswith("cuda") else "float32"
-
     @model_validator(mode="after")
     def _tokenizer_source(self) -> "PolicyConfig":
         if self.model.family and not (self.tokenizer.kind or self.tokenizer.path):
@@ -311,6 +310,18 @@ class AlgorithmConfig(_Strict):
         description="Rows per optimiser update; a step's rows (in order: own first, then peers') are split into "
         "ceil(rows/minibatch_rows) updates. None = one update per step. HACPO's code: 512 rows of 2048 (4 updates).",
     )
+    micro_batch_rows: Optional[int] = Field(
+        None, ge=1, description="Rows per forward/backward pass inside one update (gradient accumulation): the same "
+        "update in less activation memory, for one extra gradient-free forward pass (docs/algorithms.md §7.2). None: "
+        "the whole mini-batch at once (unless micro_batch_tokens splits it).")
+    micro_batch_tokens: Optional[int] = Field(
+        None, ge=16, description="Prompt + completion tokens per forward/backward pass (padding counted): rows are "
+        "bucketed by length so a pass computes on few pad tokens. With micro_batch_rows, both bounds hold.")
+    behaviour_correction: Literal["auto", "on", "off"] = Field(
+        "auto", description="Correct for the sampler computing other numbers than the learner (bf16, another engine, "
+        "pipelined sampling): the clip anchored at the learner's own log-probs, the sampler's weighting each token "
+        "(truncated at async.is_cap; docs/algorithms.md §7.1). auto: on when the precision is not float32, the engine "
+        "is not hf, or sampling is pipelined.")
 
     def clip_bounds(self) -> tuple[float, float]:
         """(ε_low, ε_high) with the loss-specific defaults filled in."""
@@ -495,7 +506,8 @@ class AsyncConfig(_Strict):
                                 "the step; bounded: it never waits and uses the peer experience within "
                                 "sharing.max_version_lag of its own step.")
     is_cap: float = Field(2.0, gt=1.0, description="Truncation of the decoupled objective's behaviour weight "
-                                                   "pi_prox/pi_behaviour (used when max_staleness > 0).")
+                                                   "pi_prox/pi_behaviour (used when max_staleness > 0 or "
+                                                   "algorithm.behaviour_correction is on).")
 
     @property
     def pipelined(self) -> bool:

@@ -89,6 +89,8 @@ def load_policy(
         shape = shape or ModelShape()
         ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
         model = build_model(family, len(tok), shape, ids, seed=seed)
+        if dtype != torch.float32:  # model.dtype bfloat16/float16: built in fp32 (its seeded init), then cast
+            model.to(dtype)
         source = "built:" + _digest([CACHE_VERSION, family, asdict(shape), tok_key, seed])
     if model.get_input_embeddings().num_embeddings < len(tok):
         raise ValueError(f"model vocabulary ({model.get_input_embeddings().num_embeddings}) is smaller than the "

@@ -5,16 +5,15 @@ The services build their own parts from a `PreparedPolicy` (`make_worker`, `make
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
-
-import torch
 
 from mutualrl.config import ConfigError, ExperimentConfig
 from mutualrl.config.schema import PolicyConfig
 from mutualrl.models.families import ModelShape
 from mutualrl.models.policy import PolicyArtifacts, PromptStyle, load_policy, policy_tokenizer
+from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.runtime.evaluation import greedy_accuracy
 from mutualrl.runtime.warm_start import warm_start
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
@@ -83,6 +82,7 @@ class PreparedPolicy:
     index: int
     arts: PolicyArtifacts
     warm_steps: int
+    precision: Precision = field(default_factory=lambda: resolve_precision("float32", pretrained=False, device="cpu"))
 
 
 def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Verifier, cache: Path,
@@ -91,10 +91,11 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
     second process preparing the same policy loads instead of recomputing."""
     p = cfg.policies[index]
     start_seed = p.start_seed(cfg.start_seed, index)  # initial weights and warm start alike
-    phase(f"[{p.name}] loading model")
+    precision = resolve_precision(p.model.dtype, pretrained=bool(p.model.path), device=p.engine.device)
+    phase(f"[{p.name}] loading model ({precision.name}: {precision.why})")
     with input_errors(f"policy {p.name!r}"):
         arts = load_policy(
-            path=model_path(p, cache, phase), family=p.model.family, dtype=getattr(torch, p.torch_dtype_name()),
+            path=model_path(p, cache, phase), family=p.model.family, dtype=precision.weights,
             shape=ModelShape(p.model.hidden_size, p.model.num_layers, p.model.num_heads, p.model.intermediate_size,
                              p.model.max_positions),
             tokenizer_path=p.tokenizer.path, tokenizer_kind=p.tokenizer.kind, vocab_size=p.tokenizer.vocab_size,
@@ -121,7 +122,7 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
             phase(f"[{p.name}] WARNING: warm start stopped at max_steps ({ws.steps}) with validation "
                   f"{ws.accuracy:.1%}, below its target {p.warm_start.target_accuracy:.0%}; RL will see few successes "
                   "(raise warm_start.max_steps or lr, or pin another policies[].init_seed)")
-    return PreparedPolicy(p, index, arts, steps)
+    return PreparedPolicy(p, index, arts, steps, precision)
 
 
 def peer_tokenizer(cfg: ExperimentConfig, index: int, task: Task, cache: Path):

@@ -18,12 +18,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import AsyncConfig, OptimConfig
-from mutualrl.models.generation import sequence_logprobs
+from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.models.host import read_scalars
 from mutualrl.models.sharding import full_state_dict, full_value
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange, Received
+from mutualrl.services.learner.micro_batches import LearnerForward, plan_micro_batches
 from mutualrl.services.learner.modes import make_mode, record_keys
 from mutualrl.services.learner.objective import OWN, PEER, LossInputs, Rows, right_aligned
 from mutualrl.services.learner.own_experience import OwnIntake
@@ -74,6 +75,11 @@ class LearnerSettings:
     record_edges: bool = False  # a sharing graph: each record has an ``edges`` field
     temperature: float = 1.0  # the engine's sampling temperature: π_θ is computed at it, as π_old was (§1.1)
     no_signal_warn_steps: int = 3  # K: WARNING after K consecutive steps without a mixed-reward own group
+    precision: Precision = field(default_factory=lambda: resolve_precision("float32", pretrained=False,
+                                                                           device="cpu"))  # model.dtype (§7.1)
+    behaviour_correction: bool = False  # the decoupled objective without pipelining: the sampler's numbers differ
+    behaviour_gap_bound: float | None = None  # auto: the p99 gap (nats) past which the correction turns on
+    gradient_checkpointing: bool = False  # model.gradient_checkpointing
 
 
 class Learner:
@@ -95,6 +101,11 @@ class Learner:
         self.model = model.to(settings.device)
         # FSDP2 (mutualrl.models.sharding)
         self.sharded = any(hasattr(p, "full_tensor") for p in self.model.parameters())
+        if settings.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.forward = LearnerForward(self.model, tokenizer.pad_token_id, settings.temperature,
+                                      lambda: settings.precision.context(settings.device))
+        self._correct_behaviour = settings.behaviour_correction
         self.tok = tokenizer
         self.ex = exchange
         self.intake = intake
@@ -175,6 +186,7 @@ class Learner:
             "tracker": self.tracker.state_dict() if self.tracker is not None else None,
             "totals": dict(self.totals),
             "reputation": self.reputation.state_dict(),
+            "behaviour_correction": self._correct_behaviour,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -186,6 +198,7 @@ class Learner:
             self.tracker.load_state_dict(state["tracker"])
         self.totals = Counter(state.get("totals", {}))
         self.reputation.load_state_dict(state.get("reputation") or {})
+        self._correct_behaviour = bool(state.get("behaviour_correction", self._correct_behaviour))
 
     def _collect_peer(self, step: int) -> list[Received]:
         if self.peer_sub is None:
@@ -347,31 +360,43 @@ class Learner:
                 "own_too_stale": self.totals["own_rejected:too_stale"],
                 "peer_step_lag_max": max(intake.step_lags, default=None)}
 
+    @property
+    def decoupled(self) -> bool:
+        """Whether the decoupled objective runs (§6, §7.1): pipelined sampling, or the sampler computing other
+        numbers than the learner (the behaviour correction)."""
+        return self.s.staleness.pipelined or self._correct_behaviour
+
     def _proximal_logprobs(self, rows: Rows, chunks: list[slice], stages: dict) -> list[torch.Tensor | None]:
         """π_prox of the decoupled objective (§6): the log-probs of mini-batches 1.. under the weights the step
         starts with, computed before the first update (no gradient). Mini-batch 0 is trained before any update, so
-        its own forward pass gives them (None here); None for every mini-batch when sampling is not pipelined."""
-        if not self.s.staleness.pipelined:
+        its own forward pass gives them (None here); None for every mini-batch when the objective is not
+        decoupled."""
+        if not self.decoupled:
             return [None] * len(chunks)
         t0 = time.monotonic()
         out: list[torch.Tensor | None] = [None]
-        with torch.no_grad():
-            for sl in chunks[1:]:
-                logp, _ = sequence_logprobs(self.model, rows.prompt_token_ids[sl], rows.token_ids[sl],
-                                            pad_id=self.tok.pad_token_id, temperature=self.s.temperature)  # [b, T]
-                out.append(logp)
+        for sl in chunks[1:]:
+            prompts, completions = rows.prompt_token_ids[sl], rows.token_ids[sl]
+            out.append(self.forward.logprobs_no_grad(prompts, completions, self._plan(prompts, completions)))
         stages["logprob"] += time.monotonic() - t0
         return out
+
+    def _plan(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[int]]:
+        """A mini-batch's forward/backward passes (algorithm.micro_batch_rows / micro_batch_tokens, §7.2)."""
+        a = self.s.algorithm
+        return plan_micro_batches([len(p) + len(c) for p, c in zip(prompts, completions)], a.micro_batch_rows,
+                                  a.micro_batch_tokens)
 
     def apply_update(self, inputs: StepInputs, stages: dict) -> UpdateResult:
         """The optimiser steps of one step, one per mini-batch, from inputs a single rank gathered:
         every rank of a sharded learner runs exactly this (its collectives must match). Raises
-        FloatingPointError (weights untouched by that update) on a non-finite loss or gradient."""
+        FloatingPointError (weights untouched by that update) on a non-finite loss or gradient.
+
+        A mini-batch that fits one pass (no micro-batch bound, or few rows) is one forward and backward;
+        otherwise its gradient is accumulated over micro-batches through ∂L/∂ℓ (micro_batches.py, §7.2)."""
         step, rows, rescues = inputs.step, inputs.rows, inputs.rescues
-        a = self.s.algorithm
         kind_all = torch.tensor(rows.kind)
         src_mean_all = torch.tensor(rows.source_mean_logprob)
-        pad = self.tok.pad_token_id
         self.model.train()
         o = self.s.optim
         # from the step: a resumed learner agrees
@@ -384,41 +409,30 @@ class Learner:
         losses: list[torch.Tensor] = []
         grad_norms: list[torch.Tensor] = []
         skipped: list[torch.Tensor] = []
-        chunks = self.mode.minibatches(rows, a.minibatch_rows)
+        chunks = self.mode.minibatches(rows, self.s.algorithm.minibatch_rows)
         proximal = self._proximal_logprobs(rows, chunks, stages)
         for m, sl in enumerate(chunks):
             prompts, completions = rows.prompt_token_ids[sl], rows.token_ids[sl]
-            logp, _ = sequence_logprobs(self.model, prompts, completions, pad_id=pad,
-                                        temperature=self.s.temperature)  # [b, T]
-            T = logp.shape[1]
-            dev = logp.device
-            ref_logp = None
-            if a.kl_coef > 0 and self.ref_model is not None:
-                t_ref = time.monotonic()
-                with torch.no_grad():
-                    ref_logp, _ = sequence_logprobs(self.ref_model, prompts, completions, pad_id=pad,
-                                                    temperature=self.s.temperature)
-                stages["logprob"] += time.monotonic() - t_ref
-            out = self.mode.loss(LossInputs(
-                logp=logp,
-                logprobs=right_aligned(rows.logprobs[sl], T).to(dev),
-                mask=right_aligned(rows.mask[sl], T).to(dev),
-                advantages=inputs.advantages[sl].to(dev),
-                kind=kind_all[sl],  # host: choosing rows never waits for the device
-                source_mean_logprob=src_mean_all[sl].to(dev),
-                omega=inputs.omega[sl].to(dev),
-                minibatch_index=m,
-                ref_logp=ref_logp,
-                prox_logp=logp.detach() if m == 0 and self.s.staleness.pipelined else proximal[m],
-            ))
+            plan = self._plan(prompts, completions)
+            self.opt.zero_grad(set_to_none=True)
+            if len(plan) == 1:
+                logp = self.forward.logprobs(prompts, completions)  # [b, T], with its graph
+            else:  # pass 1: no graph; the loss's backward stops at this leaf
+                logp = self.forward.logprobs_no_grad(prompts, completions, plan).requires_grad_(True)
+            x = self._loss_inputs(inputs, sl, m, logp, kind_all, src_mean_all, proximal[m], plan, stages)
+            out = self.mode.loss(x)
             loss = out.loss
             mb_metrics = dict(out.metrics)
-            extra, extra_metrics = self.mode.rescue_loss(self.model, rescues, m, pad)
+            if m == 0:
+                mb_metrics.update(behaviour_gap(logp.detach(), x.logprobs, x.mask, x.kind == OWN))
+            with self.forward.context():
+                extra, extra_metrics = self.mode.rescue_loss(self.model, rescues, m, self.tok.pad_token_id)
             if extra is not None:
                 loss = loss + extra
                 mb_metrics.update(extra_metrics)
-            self.opt.zero_grad(set_to_none=True)
             loss.backward()
+            if len(plan) > 1:  # pass 2: ∂L/∂ℓ through each micro-batch's graph
+                self.forward.backward_through(prompts, completions, plan, logp.grad)
             gn = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
             # no learning signal (all advantages 0, every row clipped): AdamW would still move the
             # weights by its momentum, which is noise, not learning; a non-finite loss or gradient
@@ -440,9 +454,46 @@ class Learner:
             m = bad[0]
             raise FloatingPointError(f"{self.policy}: non-finite loss or gradient at step {step} (mini-batch {m}: loss "
                                      f"{losses[m]}, gradient norm {grad_norms[m]}); that update was not applied")
-
+        self._watch_behaviour_gap(per_mb[0] if per_mb else {}, step)
         stages["train"] = time.monotonic() - t_train - stages["logprob"]
         return UpdateResult(losses, grad_norms, per_mb, len(chunks), empty_updates)
+
+    def _loss_inputs(self, inputs: StepInputs, sl: slice, m: int, logp: torch.Tensor, kind_all: torch.Tensor,
+                     src_mean_all: torch.Tensor, proximal: torch.Tensor | None, plan: list[list[int]],
+                     stages: dict) -> LossInputs:
+        """Mini-batch ``m``'s tensors as the mode's loss takes them."""
+        rows = inputs.rows
+        T, dev = logp.shape[1], logp.device
+        ref_logp = None
+        if self.s.algorithm.kl_coef > 0 and self.ref_model is not None:
+            t_ref = time.monotonic()
+            ref_logp = self.forward.logprobs_no_grad(rows.prompt_token_ids[sl], rows.token_ids[sl], plan,
+                                                     model=self.ref_model)
+            stages["logprob"] += time.monotonic() - t_ref
+        return LossInputs(
+            logp=logp,
+            logprobs=right_aligned(rows.logprobs[sl], T).to(dev),
+            mask=right_aligned(rows.mask[sl], T).to(dev),
+            advantages=inputs.advantages[sl].to(dev),
+            kind=kind_all[sl],  # host: choosing rows never waits for the device
+            source_mean_logprob=src_mean_all[sl].to(dev),
+            omega=inputs.omega[sl].to(dev),
+            minibatch_index=m,
+            ref_logp=ref_logp,
+            prox_logp=logp.detach() if m == 0 and self.decoupled else proximal,
+        )
+
+    def _watch_behaviour_gap(self, first: dict, step: int) -> None:
+        """``algorithm.behaviour_correction: auto`` on an exact precision: the first step whose own tokens'
+        99th-percentile gap |log π_θ − log π_behaviour| exceeds the bound (§7.1) turns the correction on."""
+        gap = first.get("behaviour_gap_p99")
+        if (self._correct_behaviour or self.s.behaviour_gap_bound is None or gap is None or not math.isfinite(gap)
+                or gap <= self.s.behaviour_gap_bound):
+            return
+        self._correct_behaviour = True
+        log.warning("policy %s: at step %d the sampler's log-probs differ from the learner's by %.3f nats at the "
+                    "99th percentile (bound %.3f): the behaviour correction is on from the next step (docs: "
+                    "algorithms §7.1)", self.policy, step, gap, self.s.behaviour_gap_bound)
 
     def _record(self, step: int, rows: Rows, own: list[Received], intake: IntakeResult, rescues: list, gate_open,
                 metrics: dict,
@@ -525,6 +576,19 @@ class Learner:
             out[f"{src}->{self.policy}"] = {"offered": c["offered"], "used": used[src], "stale": c["stale"],
                                             "thl_rejected": c["thl_rejected"], "rescues": rescued[src]}
         return out
+
+
+def behaviour_gap(logp: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
+                  own: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean and 99th percentile of |log π_θ − log π_behaviour| over the own rows' tokens before the first update
+    (§7.1): zero up to float rounding when sampler and learner compute alike, the size of the bf16 (or another
+    engine's) mismatch otherwise. Device scalars (read back with the step's other metrics); none without own
+    tokens."""
+    sel = (mask > 0) & own[:, None].to(mask.device)
+    if not bool(sel.any()):
+        return {}
+    gap = (logp - behaviour).abs()[sel].float()
+    return {"behaviour_gap_mean": gap.mean(), "behaviour_gap_p99": torch.quantile(gap, 0.99)}
 
 
 def _signal_groups(rows: Rows) -> int:

@@ -7,6 +7,7 @@ import copy
 from mutualrl.config import ExperimentConfig
 from mutualrl.config.schema import OptimConfig, SharingConfig
 from mutualrl.models.policy import tokenizer_fingerprint
+from mutualrl.models.precision import Precision
 from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy, prompt_style
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.learner.learner import Learner, LearnerSettings
@@ -28,6 +29,21 @@ def learner_optim(sharing: SharingConfig, optim: OptimConfig, n_peers: int) -> O
     """The optimiser settings a learner runs with: its policy's, as its sharing mode changes them
     (HACPO's paper schedule divides the learning rate by its updates per step, docs/algorithms.md §2.8)."""
     return MODES.get(sharing.mode).optim(sharing, optim, n_peers)
+
+
+BEHAVIOUR_GAP_BOUND = 0.1
+"""Nats: under ``behaviour_correction: auto`` a step whose own tokens' 99th-percentile gap between the sampler's
+and the learner's log-probs exceeds this turns the correction on (docs/algorithms.md §7.1). fp32 on one engine
+measures ~1e-5; bf16 autocast ~0.05–0.3 (a per-token ratio e^0.1 = 1.105 is already inside the 0.2 clip's range)."""
+
+
+def behaviour_correction(cfg: ExperimentConfig, backend: str, precision: Precision) -> bool:
+    """Whether a learner starts with the behaviour correction on (``algorithm.behaviour_correction``; auto:
+    when its sampler computes other numbers than it — not fp32, or not the in-process transformers engine)."""
+    setting = cfg.algorithm.behaviour_correction
+    if setting != "auto":
+        return setting == "on"
+    return not precision.exact or backend != "hf"
 
 
 def make_learner(
@@ -52,7 +68,10 @@ def make_learner(
         optim=learner_optim(sharing, p.optim, len(peers)),
         max_new_tokens=cfg.budget.max_new_tokens, device=device or p.engine.device, peer_deadline_s=peer_deadline_s,
         staleness=cfg.async_, record_edges=cfg.sharing.edges is not None, temperature=p.engine.temperature,
-        no_signal_warn_steps=cfg.eval.no_signal_steps,
+        no_signal_warn_steps=cfg.eval.no_signal_steps, precision=pp.precision,
+        behaviour_correction=behaviour_correction(cfg, p.engine.backend, pp.precision),
+        behaviour_gap_bound=BEHAVIOUR_GAP_BOUND if cfg.algorithm.behaviour_correction == "auto" else None,
+        gradient_checkpointing=p.model.gradient_checkpointing,
     )
     return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
                    ref_model=ref)

@@ -6,6 +6,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.config import ExperimentConfig
 from mutualrl.config.schema import EngineConfig
+from mutualrl.models.precision import Precision
 from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.hf_engine import HFEngine
 from mutualrl.services.rollout.http_engines import EngineUnavailable, SGLangServerEngine, VLLMServerEngine
@@ -15,15 +16,19 @@ from mutualrl.weights.groups import parse_address, resolve_backend
 
 def build_engine(cfg: EngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, store: WeightReceiver,
                  name: str,
-                 collective: bool = False, share: bool = False) -> RolloutEngine:
+                 collective: bool = False, share: bool = False, precision: Precision | None = None,
+                 adopt: bool = False) -> RolloutEngine:
     """``hf`` samples a private copy of ``model`` (loading through ``store``); ``vllm``/``sglang``
     probe their server and raise :class:`~mutualrl.services.rollout.http_engines.EngineUnavailable`
     naming what is missing. ``collective``: the server takes weights from the learner's broadcast
     (it joins the weight group; see :func:`join_engine_group`), not from a directory. ``share`` (hf, in the
-    learner's process): sample ``model`` itself, not a copy (mutualrl.weights.shared)."""
+    learner's process): sample ``model`` itself, not a copy (mutualrl.weights.shared). ``precision``: the
+    policy's (bf16-mixed samples in bf16, docs/algorithms.md §7.1). ``adopt``: hf takes ``model`` as its own
+    instead of copying it (the caller never uses it again: one copy of the weights, not two)."""
     if cfg.backend == "hf":
         return HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, store=store,
-                        device=cfg.device, name=name, share=share)
+                        device=cfg.device, name=name, share=share, precision=precision,
+                        adopt=adopt)
     assert cfg.url is not None
     if store.root is None and not collective:
         raise ValueError(f"the {cfg.backend} engine loads weights from a directory; the run needs a directory weight "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from typing import Literal
@@ -12,6 +13,7 @@ from transformers import PreTrainedModel
 from typing_extensions import override
 
 from mutualrl.models.generation import Sample, sample
+from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
 from mutualrl.weights import TensorManifest, WeightReceiver
 from mutualrl.weights.shared import SHARED_SCHEME
@@ -25,10 +27,16 @@ class HFEngine(RolloutEngine):
     """
 
     def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightReceiver, device: str = "cpu",
-                 name: str = "", share: bool = False):
+                 name: str = "", share: bool = False, precision: Precision | None = None, adopt: bool = False):
         # share: sample the learner's own module (`mutualrl run`, synchronous: mutualrl.weights.shared)
         self.shared = share
-        self.model = model if share else copy.deepcopy(model).to(device).eval()
+        self.precision = precision or resolve_precision("float32", pretrained=False, device=device)
+        # bf16-mixed samples in bf16 (docs/algorithms.md §7.1): the learner's fp32 module under autocast when
+        # shared, else a private copy held in bf16 (half its memory; versions are cast as they load)
+        sampling_dtype = self.precision.autocast or self.precision.weights
+        # adopt: the caller hands the module over (a rollout service loads it for the engine alone): no copy
+        own = model if adopt else copy.deepcopy(model)
+        self.model = model if share else own.to(device=device, dtype=sampling_dtype).eval()
         self.eos_id, self.pad_id = eos_id, pad_id
         self.store = store
         self.device = device
@@ -45,7 +53,7 @@ class HFEngine(RolloutEngine):
         gen = None
         if spec.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(spec.seed)
-        with self._lock:
+        with self._lock, (self.precision.context(self.device) if self.shared else contextlib.nullcontext()):
             out = sample(
                 self.model,
                 flat,

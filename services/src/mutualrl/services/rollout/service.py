@@ -88,7 +88,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
     store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group,
                               newest=lambda: newest_announced(ctx.exchange, p.name))
     engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source,
-                          collective=collective)
+                          collective=collective, precision=pp.precision, adopt=True)
     join_engine_group(cfg, ctx.index, engine, args.weights_group)
     registry = CollectorRegistry()
     keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
