@@ -116,7 +116,8 @@ class Learner:
         self.weights_bytes = int(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
         # fused: the update of a mini-batch without learning signal is skipped on the device
         # (``found_inf``), so the host never waits for a gradient norm mid-step
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.optim.lr,
+        freeze_input_embeddings(self.model, settings.optim.train_input_embeddings)
+        self.opt = torch.optim.AdamW([q for q in self.model.parameters() if q.requires_grad], lr=settings.optim.lr,
                                      weight_decay=settings.optim.weight_decay, fused=True)
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
         self.own_intake = OwnIntake(policy, self.own, tokenizer, _context_limit(self.model.config),
@@ -245,6 +246,13 @@ class Learner:
             self.totals["incomplete_peer_rows"] += dropped
         for r in peer_rows:
             rows.add_row(r, kind=PEER)
+
+    def state_bytes(self) -> int:
+        """Bytes of what the learner holds between steps: weights and optimiser state (gradients are freed after
+        each update) — a policy's share of a run's memory before activations."""
+        tensors = [*self.model.parameters(), *(v for st in self.opt.state.values() for v in st.values()
+                                               if isinstance(v, torch.Tensor))]
+        return int(sum(t.numel() * t.element_size() for t in tensors))
 
     @property
     def version(self) -> int:
@@ -440,6 +448,7 @@ class Learner:
             skip = ~(torch.isfinite(loss.detach()) & torch.isfinite(gn) & (gn > 0))
             self.opt.found_inf = skip.to(torch.float32)
             self.opt.step()
+            self.opt.zero_grad(set_to_none=True)  # no gradients held between updates (while the engine samples)
             losses.append(loss.detach())
             grad_norms.append(gn)
             skipped.append(skip)
@@ -555,6 +564,7 @@ class Learner:
             "train_s": time.monotonic() - t0,
             "stage_seconds": stages,
             "weights_bytes": self.weights_bytes,
+            "learner_state_bytes": self.state_bytes(),
             "tokens": int(sum(len(c) for c in rows.token_ids)),
             **{k: metrics.pop(k, None) for k in record_keys()},  # every mode's fields, None where this mode has none
         }
@@ -576,6 +586,20 @@ class Learner:
             out[f"{src}->{self.policy}"] = {"offered": c["offered"], "used": used[src], "stale": c["stale"],
                                             "thl_rejected": c["thl_rejected"], "rescues": rescued[src]}
         return out
+
+
+def freeze_input_embeddings(model: torch.nn.Module, train: bool) -> bool:
+    """``optim.train_input_embeddings: false``: the input embedding stops taking gradients when the output head
+    is a separate matrix (docs/algorithms.md §7.2); with a tied head that would freeze the head too, so it stays
+    trained (logged). Whether it froze."""
+    if train:
+        return False
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is not None and head.weight is emb.weight:
+        log.info("optim.train_input_embeddings: false ignored: the output head is tied to the input embedding")
+        return False
+    emb.weight.requires_grad_(False)
+    return True
 
 
 def behaviour_gap(logp: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
