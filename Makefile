@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup real demo test lint test-slow test-vllm test-deploy deploy-tools bench proto clean
+.PHONY: setup real demo test lint test-slow test-vllm test-deploy deploy-tools bench proto clean gpu-wheels
 
 setup: $(STAMP) $(GEN_STAMP) $(REDIS_STAMP)
 
@@ -138,3 +138,14 @@ bench: setup $(BENCH_STAMP)
 
 clean:
 	rm -rf gen $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) $(MLFLOW_VENV) .pytest_cache
+
+# The wheels benchmarks/gpu/run_all.sh installs on a lent GPU machine (Python 3.12 there; nothing can be
+# downloaded there): what `mutualrl run` imports that its image lacks, at the versions installed here.
+GPU_WHEELS := benchmarks/gpu/wheels
+GPU_PACKAGES := pydantic pydantic-core annotated-types typing-inspection redis protobuf
+gpu-wheels: setup
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(BIN)/pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any -d $(GPU_WHEELS) \
+		$$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{d}=={m.version(d)}' for d in '$(GPU_PACKAGES)'.split()))")
+	@du -sh $(GPU_WHEELS)

@@ -98,21 +98,21 @@ def run_measured(cmd: list[str], log: Path) -> dict:
 
 def per_policy(metrics: Path) -> dict:
     """Seconds per step (between the ends of the first and the last step, both policies done) and each
-    policy's learner state and mean train seconds, from the run's step records."""
+    policy's learner state and mean seconds of its own step (generate + train), from the run's step records."""
     recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    steps = [r for r in recs if "policy" in r and r.get("step", 0) >= 1 and "train_s" in r]
+    steps = [r for r in recs if "policy" in r and r.get("step", 0) >= 1 and "step_s" in r]
     ends: dict[int, float] = {}
     out: dict[str, dict] = {}
     for r in steps:
         ends[r["step"]] = max(ends.get(r["step"], 0.0), r.get("wall_time", 0.0))
-        o = out.setdefault(r["policy"], {"steps": 0, "train_s": 0.0, "state_gib": None, "reward": []})
+        o = out.setdefault(r["policy"], {"steps": 0, "step_s": 0.0, "state_gib": None, "reward": []})
         o["steps"] += 1
-        o["train_s"] += r["train_s"]
+        o["step_s"] += r["step_s"]
         o["reward"].append(r.get("reward_mean"))
         if r.get("learner_state_bytes"):
             o["state_gib"] = r["learner_state_bytes"] / 2**30
     for o in out.values():
-        o["train_s"] /= max(1, o["steps"])
+        o["step_s"] /= max(1, o["steps"])
     t = [ends[k] for k in sorted(ends)]
     return {"steps": len(t), "step_s": (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None, "policies": out}
 

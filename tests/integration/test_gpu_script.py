@@ -1,0 +1,38 @@
+"""benchmarks/gpu/run_all.sh --dry-run: every section of the GPU script runs its code on the CPU with tiny
+models, so a lent device's minutes go to measuring, not to debugging (issue #43)."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_gpu_script_runs_every_section_dry(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu" / "run_all.sh"), "--dry-run"],
+                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((tmp_path / "gpu.json").read_text())
+    s = out["sections"]
+    assert out["dry_run"] is True and out["device"] == "cpu"
+    assert {k: v["status"] for k, v in s.items()} == {k: "ok" for k in (
+        "env", "learner_step", "logprob_memory", "engine", "weights_transport", "run_5_steps")}
+    assert s["env"]["measured_matmul_tflops"] > 0
+    assert set(s["learner_step"]["archs"]) == {"smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"}
+    assert all(a["tokens_per_s"] > 0 for a in s["learner_step"]["archs"].values())
+    assert s["engine"]["ours_tokens_per_s"] > 0 and s["engine"]["generate_tokens_per_s"] > 0
+    assert len(s["weights_transport"]["versions"]) == 5 and s["weights_transport"]["engine_exit"] == 0
+    assert s["run_5_steps"]["step_records"] == 4
+
+
+def test_a_failing_section_costs_one_figure_not_the_run(tmp_path):
+    """A section that raises keeps its traceback in the JSON and the next section still runs."""
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu" / "run_all.sh"), "--dry-run", "--only", "env",
+                           "--only", "engine"],
+                          env={**os.environ, "OUT": str(tmp_path), "MUTUALRL_GPU_FAIL": "env"},
+                          capture_output=True, text=True, timeout=300)
+    out = json.loads((tmp_path / "gpu.json").read_text())["sections"]
+    assert out["env"]["status"] == "failed" and "planted failure" in out["env"]["traceback"]
+    assert out["engine"]["status"] == "ok"
+    assert proc.returncode == 1  # a dry run with a failed section fails make test
