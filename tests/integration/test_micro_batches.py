@@ -18,8 +18,8 @@ from mutualrl.see import ExperienceExchange, InProcessBroker
 from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
 from mutualrl.services.learner.learner import StepInputs
 from mutualrl.services.learner.micro_batches import plan_micro_batches
-from mutualrl.services.learner.objective import OWN, Rows
 from mutualrl.services.learner.modes.base import group_ids
+from mutualrl.services.learner.objective import OWN, Rows
 from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec
 from mutualrl.tasks.verifiers import ExactMatchVerifier
 from mutualrl.thl import ThlBudget

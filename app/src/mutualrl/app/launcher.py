@@ -45,6 +45,7 @@ from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.local import LocalPlan, plan_local
 from mutualrl.services.mwra.planner import PlanningError
 from mutualrl.weights.groups import resolve_backend
+from mutualrl.weights.shm import reclaim, run_tag
 
 
 @dataclass
@@ -259,6 +260,8 @@ class Supervisor:
         if self.acl_dir is not None:
             shutil.rmtree(self.acl_dir, ignore_errors=True)
             self.acl_dir = None
+        if self.cfg.weights.transport == "shm":  # a killed learner's slots; a stopped one removed its own
+            reclaim(Path(self.cfg.weights.shm_dir), own_prefix=f"mutualrl-{run_tag(self.out / 'weights')}-")
 
 
 def _sum_counts(dicts) -> dict[str, int]:
@@ -323,6 +326,54 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
     )
 
 
+SHM_MEMORY_SHARE = 0.25
+"""`up` picks the shm transport by itself only while its slots (RAM: /dev/shm is memory) stay under this share of
+the host's available memory: beside two training processes per policy they would otherwise crowd out activations."""
+
+
+def _mem_available() -> int:
+    """The host's MemAvailable in bytes (0 when unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _weights_transport(cfg: ExperimentConfig, params: dict[str, int], echo: Callable[[str], None]) -> ExperimentConfig:
+    """`up` runs every learner beside its engine on this host: unless the file names a weights transport, hf
+    engines take their versions through shared memory (weights.transport=shm) when ``weights.shm_dir`` has room
+    for two fp32 versions of every policy, else through the filesystem (said once). A transport the file names
+    is kept; shm without the room is refused before any service starts."""
+    w = cfg.weights
+    if "transport" in w.model_fields_set and w.transport != "shm":
+        return cfg
+    need = 2 * 4 * sum(params.values())  # two slots of fp32 weights per policy
+    try:
+        st = os.statvfs(w.shm_dir)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = 0
+    if "transport" in w.model_fields_set:
+        if free < need:
+            raise ConfigError(f"weights.transport shm: {w.shm_dir} has {free / 2**20:.0f} MiB free and two versions "
+                              f"of every policy need {need / 2**20:.0f} MiB: enlarge it or use "
+                              "weights.transport=filesystem")
+        return cfg
+    if any(p.engine.backend != "hf" for p in cfg.policies):
+        return cfg
+    available = _mem_available()
+    if free < need or need > SHM_MEMORY_SHARE * available:
+        echo(f"[up] weights through the filesystem: two versions of every policy in shared memory would hold "
+             f"{need / 2**20:.0f} MiB of RAM ({w.shm_dir} has {free / 2**20:.0f} MiB, the host "
+             f"{available / 2**20:.0f} MiB available); weights.transport=shm asks for it anyway")
+        return cfg
+    echo(f"[up] weights through shared memory ({w.shm_dir}, two slots per policy; weights.transport sets another)")
+    return cfg.model_copy(update={"weights": w.model_copy(update={"transport": "shm"})})
+
+
 def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] = print,
                  failure: list | None = None) -> tuple[int, dict | None]:
     """Returns (exit code, summary). A service that kept crashing puts one line naming it and
@@ -352,6 +403,7 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
         if cfg.broker.url is not None:  # fail fast, as `mutualrl run` does, before any warm start
             probe_broker(redis_options(given, given.url))
         starts = sup.prepare()
+        cfg = sup.cfg = _weights_transport(cfg, {name: v[3] for name, v in starts.items()}, echo)
         dump_config(cfg, out / "config.yaml")  # again: building the task resolved what the file left open
         sup.start()
         rc = sup.supervise()

@@ -603,12 +603,15 @@ class CheckpointConfig(_Strict):
 class WeightsConfig(_Strict):
     """How a learner's new weights reach its rollout engine (docs/architecture.md, "Weight transport")."""
 
-    transport: Literal["filesystem", "collective"] = Field(
+    transport: Literal["filesystem", "collective", "shm"] = Field(
         "filesystem",
         description="filesystem: a safetensors checkpoint per version in a shared directory; collective: "
                     "broadcast from the learner into the engine's workers over a process group of their own (NCCL "
-                    "on GPUs, gloo on CPU), nothing written to disk. `mutualrl run` keeps both ends in one "
-                    "process and passes weights in memory either way.")
+                    "on GPUs, gloo on CPU), nothing written to disk; shm: a learner and its hf engine on one host "
+                    "exchange each version through two slots in shared memory (`mutualrl up` picks it when this is "
+                    "left unset; compose shares the learner's IPC namespace with its rollout service). `mutualrl "
+                    "run` keeps both ends in one process and passes weights in memory either way.")
+    shm_dir: str = Field("/dev/shm", description="shm: where the slots live (a memory-backed filesystem).")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto",
                                                      description="collective: the group's backend; auto = nccl when "
                                                      "the engine runs on a GPU (vllm/sglang, or hf on "

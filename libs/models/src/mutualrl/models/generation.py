@@ -49,15 +49,18 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
-def sample_categorical(logp: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_categorical(logp: torch.Tensor, generator: torch.Generator | None = None,
+                       u: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row from ``softmax(logp)`` ([B, V] -> [B]) by inverting the CDF: one uniform
     ``u`` per row, the first token whose float64 cumulative probability exceeds ``u·Σp``. A token
     of probability 0 (filtered by top-k/top-p) is never drawn: its cumulative sum does not rise.
     ``torch.multinomial`` (and an exponential race) draw a random number per vocabulary entry: on
-    the CPU at a 151k vocabulary and 256 rows that was 0.8 s per token against 0.25 s here."""
+    the CPU at a 151k vocabulary and 256 rows that was 0.8 s per token against 0.25 s here.
+    ``u`` [B, 1] float64 in [0, 1): the uniforms to use (drawn from ``generator`` when None)."""
     cdf = logp.double().exp_().cumsum_(-1)  # [B, V]
-    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    if u is None:
+        u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64, device=cdf.device)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 def cut_at_stop(decode: Callable[[list[int]], str], s: Sample,
@@ -89,6 +92,12 @@ class GenerationCancelled(RuntimeError):
     """The caller of a generation went away before it finished."""
 
 
+COMPACT_AT = 0.25
+"""Finished rows leave the generation batch (their KV cache rows dropped) once they are this share of it:
+each forward then runs on the rows still generating. Compacting on every finish would copy the cache more
+often than it saves; a quarter keeps the copies few (at most ~log(B)/log(4/3) per generation)."""
+
+
 @torch.no_grad()
 def sample(
     model: PreTrainedModel,
@@ -102,11 +111,14 @@ def sample(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     should_stop: Callable[[], bool] | None = None,
+    compact: bool = True,
 ) -> list[Sample]:
     """One completion per prompt (repeat a prompt for a group). ``temperature=0`` is greedy.
     ``should_stop`` is asked before every token: a caller that went away (a cancelled RPC, a
     passed deadline) stops the generation with :class:`GenerationCancelled` instead of holding
-    the model for the rest of it."""
+    the model for the rest of it. ``compact``: finished rows leave the batch (``COMPACT_AT``); every
+    row draws from the same uniform stream either way, so a seed gives the same samples up to the
+    float rounding of a smaller batch's matmuls."""
     if not prompts:
         return []
     if any(len(p) == 0 for p in prompts):
@@ -114,53 +126,68 @@ def sample(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    ids, mask = _left_pad(prompts, pad_id, device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    # the prefill needs the next-token logits of the last position only: at a 151k vocabulary the
-    # LM head over every prompt position would cost more than the rest of the model
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-    past = out.past_key_values
-    logits = out.logits[:, -1, :].float()
-    B = len(prompts)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    toks: list[torch.Tensor] = []
-    lps: list[torch.Tensor] = []
-    next_pos = pos[:, -1]
-    for _ in range(max_new_tokens):
-        if should_stop is not None and should_stop():
-            if was_training:
-                model.train()
-            raise GenerationCancelled("generation stopped: the caller cancelled or its deadline passed")
-        if temperature == 0:
-            logp = F.log_softmax(logits, dim=-1)
-            tok = logp.argmax(-1)
-        else:
-            logp = F.log_softmax(_filter_logits(logits / temperature, top_k, top_p), dim=-1)
-            tok = sample_categorical(logp, generator)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        toks.append(tok)
-        lps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
-        done = done | (tok == eos_id)
-        if bool(done.all()):
-            break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-        next_pos = next_pos + 1
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], past_key_values=past,
-                    use_cache=True)
-        past = out.past_key_values
-        logits = out.logits[:, -1, :].float()
-    if was_training:
-        model.train()
-    tok_mat = torch.stack(toks, 1).tolist()
-    lp_mat = torch.stack(lps, 1).tolist()
+    try:
+        toks, lps = _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperature, top_k, top_p,
+                              generator, should_stop, compact)
+    finally:
+        if was_training:
+            model.train()
     samples = []
-    for row_t, row_l in zip(tok_mat, lp_mat):
+    for row_t, row_l in zip(toks.tolist(), lps.tolist()):
         if eos_id in row_t:
             n = row_t.index(eos_id) + 1
             samples.append(Sample(row_t[:n], row_l[:n], "stop"))
         else:
             samples.append(Sample(row_t, row_l, "length"))
     return samples
+
+
+def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperature, top_k, top_p, generator,
+              should_stop, compact) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KV-cached loop of :func:`sample`: [B, n] token ids (pad after EOS) and their log-probs."""
+    ids, mask = _left_pad(prompts, pad_id, device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    B = len(prompts)
+    # the prefill needs the next-token logits of the last position only: at a 151k vocabulary the
+    # LM head over every prompt position would cost more than the rest of the model
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    past, logits = out.past_key_values, out.logits[:, -1, :].float()
+    toks = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    lps = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)
+    rows = torch.arange(B, device=device)  # the original row of each row still in the batch
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    next_pos = pos[:, -1]
+    n = 0
+    for t in range(max_new_tokens):
+        if should_stop is not None and should_stop():
+            raise GenerationCancelled("generation stopped: the caller cancelled or its deadline passed")
+        u = None if temperature == 0 else torch.rand(B, 1, generator=generator, dtype=torch.float64,
+                                                     device=device)[rows]
+        if temperature == 0:
+            logp = F.log_softmax(logits, dim=-1)
+            tok = logp.argmax(-1)
+        else:
+            logp = F.log_softmax(_filter_logits(logits / temperature, top_k, top_p), dim=-1)
+            tok = sample_categorical(logp, u=u)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        toks[rows, t] = tok
+        lps[rows, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
+        n = t + 1
+        done = done | (tok == eos_id)
+        if bool(done.all()):
+            break
+        if compact and past is not None and hasattr(past, "batch_select_indices"):
+            finished = int(done.sum())
+            if finished and finished >= COMPACT_AT * len(rows):
+                keep = (~done).nonzero().squeeze(-1)
+                past.batch_select_indices(keep)
+                rows, tok, mask, next_pos, done = rows[keep], tok[keep], mask[keep], next_pos[keep], done[keep]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        next_pos = next_pos + 1
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], past_key_values=past,
+                    use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1, :].float()
+    return toks[:, :n], lps[:, :n]
 
 
 class _SelectiveLogprobs(torch.autograd.Function):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -30,6 +31,7 @@ import torch
 
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.weights.shm import VersionSuperseded
 from mutualrl.weights.transport import TensorManifest, WeightReceiver, WeightSender
 
 AWAITING_WEIGHTS = "awaiting_weights"
@@ -116,6 +118,7 @@ class WeightsFollower:
     on_loaded: Callable[[int], None] | None = field(default=None, kw_only=True)
     on_refused: Callable[[int, Exception], None] | None = field(default=None, kw_only=True)
     handled: int = field(default=0, init=False)  # the newest announced version loaded or refused
+    last_load_s: float = field(default=0.0, init=False)  # how long the last loaded version took (metrics)
     asked: int = field(default=0, init=False)  # the missed version asked for again
     _error: BaseException | None = field(default=None, init=False)
     _steps: dict[int, int] = field(default_factory=dict, init=False)  # version loaded -> the step it was published at
@@ -140,15 +143,20 @@ class WeightsFollower:
             # weights than the staleness bound allows, so ask the learner to send them again
             self._ask_again(version)
             return
+        t0 = time.monotonic()
         try:
             self.load(version, wp.payload.uri, wp.payload.checksum or None,
                       TensorManifest.from_proto(wp.payload.tensors))
+        except VersionSuperseded as e:  # the shm slot was rewritten: the newer version's announcement follows
+            self.log.info("weights version superseded while loading", extra={"fields": {"version": version,
+                                                                                       "detail": str(e)}})
         except (ValueError, RuntimeError) as e:
             if self.served() < version:
                 self.log.error("weights refused", extra={"fields": {"version": version, "error": str(e)}})
                 if self.on_refused is not None:
                     self.on_refused(version, e)
         else:
+            self.last_load_s = time.monotonic() - t0
             self._steps[version] = int(wp.payload.step)
             self.receiver.acknowledge(self.policy, version)
             self.log.info("weights loaded", extra={"fields": {"version": version}})

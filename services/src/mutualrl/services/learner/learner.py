@@ -18,8 +18,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.config import AlgorithmConfig, SharingConfig
 from mutualrl.config.schema import AsyncConfig, OptimConfig
-from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.models.host import read_scalars
+from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.models.sharding import full_state_dict, full_value
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.runtime.pacing import pace

@@ -44,6 +44,8 @@ class LearnerMetrics:
                               ["policy"], registry=r)
         self.weights_bytes = Gauge("mutualrl_weights_bytes", "Bytes of the last published weights version.", ["policy"],
                                    registry=r)
+        self.sync = Gauge("mutualrl_weights_sync_seconds", "Seconds the last weights version took to publish "
+                          "(learner) or to load into the engine (rollout).", ["policy", "role"], registry=r)
         self.stale = Gauge("mutualrl_staleness_steps", "Steps the slowest peer is behind this learner.",
                            ["policy", "role"], registry=r)
         self.reward = Gauge("mutualrl_reward_mean", "Mean own reward of the last step.", ["policy"], registry=r)
@@ -124,6 +126,7 @@ class LearnerMetrics:
         self.rescues.labels(p).inc(rec.get("rescue_count") or 0)
         self.empty_updates.labels(p).inc(rec.get("empty_updates") or 0)
         self.weights_bytes.labels(p).set(rec.get("weights_bytes") or 0)
+        self.sync.labels(p, "learner").set((rec.get("stage_seconds") or {}).get("weight_sync") or 0.0)
         if rec.get("eval_accuracy") is not None:
             self.accuracy.labels(p).set(rec["eval_accuracy"])
         self.reward.labels(p).set(rec["reward_mean"])

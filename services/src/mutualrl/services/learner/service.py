@@ -28,6 +28,7 @@ from mutualrl.services.learner.setup import learner_transport, service_learner
 from mutualrl.tracking import open_tracker
 from mutualrl.tracking.identity import run_info
 from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.weights.shm import ShmSender
 
 
 def _write_missing(path, records: list[dict]) -> None:
@@ -96,7 +97,8 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
                        lockstep=ranks)
     peers = learner.peers  # the sources of its incoming sharing edges (every other policy without edges)
     collective = cfg.weights.transport == "collective"  # a version sent by broadcast can be missed, one on disk cannot
-    done = _resume(loop, ctx, log, collective)
+    # a version in shared memory does not outlive the learner: a restarted learner's versions are sent again
+    done = _resume(loop, ctx, log, republish=collective or cfg.weights.transport == "shm")
     metrics_path = ctx.state_dir / f"{p.name}.metrics.jsonl"
     _write_missing(metrics_path, loop.records)
 
@@ -159,6 +161,8 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
         _close_tracker(tracker, loop, status["step"], log)
         ops.stop()
         metrics_file.close()
+        if isinstance(store, ShmSender):  # its slots go with it (a killed learner's: the next start reclaims them)
+            store.close()
     return 0
 
 
@@ -198,19 +202,20 @@ def _finish(args: ServiceArgs, ctx: ServiceContext, loop: LearnerLoop, pp, learn
     log.info("budget done")
 
 
-def _resume(loop: LearnerLoop, ctx: ServiceContext, log, collective: bool) -> int:
+def _resume(loop: LearnerLoop, ctx: ServiceContext, log, republish: bool) -> int:
     """Restore the checkpoint (if any) and take up where it left off; the last step it covers.
 
     Weights versions never repeat (rollout servers may serve newer ones than the checkpoint's);
-    a collective version is gone once sent, so the (re)joined engine gets the checkpointed
-    weights as a new one; the checkpointed step is announced again (rollout servers wait on the
+    a collective version is gone once sent, and a shared-memory one with the learner that wrote it, so
+    (``republish``) the (re)joined engine gets the checkpointed weights as a new one; the checkpointed
+    step is announced again (rollout servers wait on the
     learner's heartbeat); messages received and never acknowledged are taken back."""
     learner, p = loop.learner, ctx.policy_cfg
     done = loop.resume()
     if done:
         learner.weights.continue_after()
         log.info("resumed", extra={"fields": {"step": done, "weights_version": learner.version}})
-        if collective:
+        if republish:
             loop.publish(done)
         ctx.exchange.publish(pb.Heartbeat(role="learner", step=done, version=learner.version, status="ok"),
                              f"{p.name}.learner")

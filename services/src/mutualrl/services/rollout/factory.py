@@ -12,6 +12,7 @@ from mutualrl.services.rollout.hf_engine import HFEngine
 from mutualrl.services.rollout.http_engines import EngineUnavailable, SGLangServerEngine, VLLMServerEngine
 from mutualrl.weights import WeightReceiver, WeightStore, hf_receiver
 from mutualrl.weights.groups import parse_address, resolve_backend
+from mutualrl.weights.shm import ShmReceiver
 
 
 def build_engine(cfg: EngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, store: WeightReceiver,
@@ -55,6 +56,8 @@ def rollout_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_gr
     p = cfg.policies[index]
     if cfg.weights.transport == "filesystem" or p.engine.backend != "hf":
         return WeightStore(weights_dir)
+    if cfg.weights.transport == "shm":
+        return ShmReceiver()
     host, port = parse_address(weights_group, p.name)
     backend = resolve_backend(cfg.weights.backend, p.engine.backend, p.engine.device)
     return hf_receiver(host, port, 1, 1, backend, cfg.weights.timeout_s,

@@ -50,12 +50,15 @@ class RolloutMetrics:
                                  registry=registry)
         self.version = Gauge("mutualrl_weights_version", "Weights version served.", ["policy", "role"],
                              registry=registry)
+        self.sync = Gauge("mutualrl_weights_sync_seconds", "Seconds the last weights version took to publish "
+                          "(learner) or to load into the engine (rollout).", ["policy", "role"], registry=registry)
         # series exist from the start (at 0): dashboards show "no calls yet", not "no data"
         for method in ("Generate", "UpdateWeights", "Health"):
             self.requests.labels(policy, method, "OK")
         for m in (self.completions, self.tokens, self.latency):
             m.labels(policy)
         self.version.labels(policy, "rollout")
+        self.sync.labels(policy, "rollout")
 
 
 def validate_generate(req: rpb.GenerateRequest, vocab_size: int, limits: dict[str, int]) -> None:

@@ -120,7 +120,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
                                           "replica": f"{shard.index + 1} of {shard.count}"}})
     follower = WeightsFollower(p.name, ctx.exchange, store, engine.update_weights,
                                lambda: engine.info().weights_version, collective=collective,
-                               log=log, on_loaded=lambda v: servicer.metrics.version.labels(p.name, "rollout").set(v),
+                               log=log, on_loaded=lambda v: _loaded(servicer.metrics, p.name, v, follower),
                                on_refused=lambda v, e: metrics.refused.labels(p.name).inc())
     worker.weights_step = follower.served_step
     follower.follow(stop)
@@ -145,3 +145,9 @@ def run_rollout_service(args: ServiceArgs) -> int:
         ledger.close()
         log.info("stopped")
     return 0
+
+
+def _loaded(metrics, policy: str, version: int, follower: WeightsFollower) -> None:
+    """A weights version is served: its number and how long it took to load."""
+    metrics.version.labels(policy, "rollout").set(version)
+    metrics.sync.labels(policy, "rollout").set(follower.last_load_s)

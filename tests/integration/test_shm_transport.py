@@ -1,0 +1,126 @@
+"""The shared-memory weight transport's own guarantees (libs/weights/src/mutualrl/weights/shm.py): a version read
+while the learner rewrote its slot is refused as superseded, a /dev/shm too small for two slots is one clear error,
+a killed learner's slots are reclaimed by the next start, and an engine follows a restarted learner's new slots.
+Real processes and real files (in a temporary directory standing in for /dev/shm)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mutualrl.weights.shm import HEADER_BYTES, ShmReceiver, ShmSender, VersionSuperseded, reclaim
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g).to(torch.bfloat16)}
+
+
+def _publish(sender, version, state):
+    got = {}
+    sender.publish("p", version, state, lambda uri, checksum, manifest: got.update(uri=uri, checksum=checksum,
+                                                                                    manifest=manifest))
+    return got
+
+
+def test_versions_alternate_between_two_slots_and_a_superseded_one_is_refused(tmp_path):
+    sender, receiver = ShmSender(tmp_path / "w", "p", directory=tmp_path), ShmReceiver()
+    a1 = _publish(sender, 1, _state(1))
+    a2 = _publish(sender, 2, _state(2))
+    assert a1["uri"].split("?")[0] != a2["uri"].split("?")[0]  # double-buffered
+    assert torch.equal(receiver.get(a1["uri"], a1["checksum"], a1["manifest"])["w"], _state(1)["w"])
+    _publish(sender, 3, _state(3))  # version 3 takes version 1's slot
+    with pytest.raises(VersionSuperseded, match="holds version 3"):
+        receiver.get(a1["uri"], a1["checksum"], a1["manifest"])
+    got = receiver.get(a2["uri"], a2["checksum"], a2["manifest"])
+    assert torch.equal(got["b"], _state(2)["b"])
+    assert receiver.last_bytes > 0 and sender.last_bytes == receiver.last_bytes
+
+
+def test_a_version_rewritten_while_it_is_read_is_refused(tmp_path, monkeypatch):
+    """The seqlock: the sequence moved between the engine's two header reads."""
+    sender, receiver = ShmSender(tmp_path / "w", "p", directory=tmp_path), ShmReceiver()
+    a1 = _publish(sender, 1, _state(1))
+    real = torch.Tensor.clone
+    calls = []
+
+    def clone_then_rewrite(t):
+        out = real(t)
+        if not calls:
+            calls.append(1)
+            _publish(sender, 3, _state(3))  # the learner laps the engine mid-copy
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "clone", clone_then_rewrite)
+    with pytest.raises(VersionSuperseded, match="while it was read"):
+        receiver.get(a1["uri"], a1["checksum"], a1["manifest"])
+
+
+def test_too_small_a_shared_memory_is_one_clear_error(tmp_path):
+    """posix_fallocate fails (here: a file-size limit of 64 KiB, EFBIG) before anything is mapped: no SIGBUS."""
+    script = textwrap.dedent(f"""
+        import resource, signal, torch
+        from mutualrl.weights.shm import ShmSender, ShmTooSmall
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+        s = ShmSender({str(tmp_path / 'w')!r}, "big", directory={str(tmp_path)!r})
+        try:
+            s.publish("big", 1, {{"w": torch.zeros(1 << 20)}}, lambda *a: None)
+        except ShmTooSmall as e:
+            print("REFUSED", e)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "REFUSED big:" in out.stdout and "shm_size" in out.stdout and "weights.transport=filesystem" in out.stdout
+    assert not list(tmp_path.glob("mutualrl-*"))  # the half-made slot is gone
+
+
+def test_a_killed_learners_slots_are_reclaimed_by_the_next_start(tmp_path):
+    script = textwrap.dedent(f"""
+        import time, torch
+        from mutualrl.weights.shm import ShmSender
+        s = ShmSender({str(tmp_path / 'other-run')!r}, "q", directory={str(tmp_path)!r})
+        s.publish("q", 1, {{"w": torch.ones(8)}}, lambda *a: None)
+        s.publish("q", 2, {{"w": torch.ones(8)}}, lambda *a: None)
+        print("READY", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        orphans = sorted(tmp_path.glob("mutualrl-*"))
+        assert len(orphans) == 2
+        assert reclaim(tmp_path) == []  # its learner is alive: kept
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    ShmSender(tmp_path / "w", "p", directory=tmp_path)  # another learner's start sweeps the dead one's slots
+    assert not any(p.exists() for p in orphans)
+
+
+def test_the_engine_follows_a_restarted_learners_new_slots(tmp_path):
+    receiver = ShmReceiver()
+    first = ShmSender(tmp_path / "w", "p", directory=tmp_path)
+    a1 = _publish(first, 1, _state(1))
+    receiver.get(a1["uri"], a1["checksum"], a1["manifest"])
+    again = ShmSender(tmp_path / "w", "p", directory=tmp_path)  # the restarted learner recreates its slots
+    a2 = _publish(again, 1, _state(7))  # a restored checkpoint may publish the same version number again
+    assert torch.equal(receiver.get(a2["uri"], a2["checksum"], a2["manifest"])["w"], _state(7)["w"])
+    again.close()
+    assert not list(tmp_path.glob("mutualrl-*"))
+    with pytest.raises(VersionSuperseded, match="stopped or restarted"):
+        receiver.get(a2["uri"], a2["checksum"], a2["manifest"])
+
+
+def test_a_tied_head_travels_once(tmp_path):
+    emb = torch.randn(100, 16)
+    sender = ShmSender(tmp_path / "w", "p", directory=tmp_path)
+    a = _publish(sender, 1, {"embed.weight": emb, "lm_head.weight": emb, "norm": torch.ones(16)})
+    assert a["manifest"].names == ("embed.weight", "norm")
+    assert os.path.getsize(sender.slot_path(1)) == HEADER_BYTES + 100 * 16 * 4 + 64
