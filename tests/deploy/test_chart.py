@@ -377,3 +377,13 @@ def test_model_presets_are_fetched_by_an_init_container_of_the_charts_image():
                 assert env.get("MUTUALRL_CACHE") == "/models/mutualrl", c["name"]
     with pytest.raises(Exception, match="presets"):
         render({"models": {"presets": ["no-such-model"]}})
+
+
+def test_the_shared_memory_transport_is_refused_by_the_chart_naming_the_field():
+    """A learner and its engine run in two pods here: weights.transport shm cannot join them (compose can); the
+    values schema lists the transports the chart runs."""
+    values = values_of(VALUES[0]) if VALUES else {}
+    values["experiment"] = {**values.get("experiment", {}), "weights": {"transport": "shm"}}
+    with pytest.raises(helm_python.HelmError) as e:
+        render(values)
+    assert "/experiment/weights/transport" in str(e.value) and "'filesystem', 'collective'" in str(e.value)

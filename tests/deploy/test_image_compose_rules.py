@@ -284,3 +284,24 @@ def test_every_alert_links_its_runbook_section_in_docs_deploy():
         url = r["annotations"]["runbook_url"]
         assert url.startswith("https://github.com/mutualrl/mutualrl/blob/main/docs/deploy.md#"), url
         assert url.rsplit("#", 1)[1] == r["alert"].lower() and r["alert"].lower() in headings, r["alert"]
+
+
+def test_compose_with_the_shared_memory_transport_shares_the_learners_ipc_with_its_rollout(tmp_path):
+    """weights.transport shm: the learner's /dev/shm (sized; Docker's default 64 MB holds no model) is the rollout
+    service's too; docker-compose accepts the file."""
+    from mutualrl.app.compose import compose_file
+
+    cpu, gpu = (load_config(f, ["weights.transport=shm"] if f == CPU else [], check_paths=False) for f in (CPU, GPU))
+    doc = compose_file(cpu, gpu, "cpu.yaml", "gpu.yaml", 4)
+    services = doc["services"]
+    for p in cpu.policies:
+        learner, rollout = services[f"{p.name}-learner"], services[f"{p.name}-rollout"]
+        assert learner["ipc"] == "shareable" and learner["shm_size"] == "4gb"
+        assert rollout["ipc"] == f"service:{p.name}-learner"
+    (tmp_path / "docker-compose.yml").write_text(yaml.safe_dump(doc))
+    for f in ("cpu.yaml", "gpu.yaml"):
+        (tmp_path / f).write_text("")
+    env = {**os.environ, **_env_example(), "COMPOSE_PROFILES": "cpu"}
+    p = subprocess.run([*_compose(), "-f", str(tmp_path / "docker-compose.yml"), "config", "-q"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr

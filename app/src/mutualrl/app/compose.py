@@ -87,6 +87,21 @@ def _policy_service(policy: str, role: str, profile: str, config_file: str, poli
     return svc
 
 
+SHM_SIZE = "4gb"
+"""The learner's /dev/shm under weights.transport shm (Docker's default is 64 MB): two fp32 versions of a
+0.5B model (2 x 2.5 GB) fit; larger policies set `shm_size` in an override file."""
+
+
+def _shm_ipc(cfg: ExperimentConfig, policy: str, role: str) -> dict[str, Any]:
+    """weights.transport shm: the learner's IPC namespace (its /dev/shm, sized) is shared with its rollout service,
+    so the two containers map the same weight slots (docs/deploy.md)."""
+    if cfg.weights.transport != "shm":
+        return {}
+    if role == "learner":
+        return {"ipc": "shareable", "shm_size": SHM_SIZE}
+    return {"ipc": f"service:{service_name(policy, 'learner', 'cpu')}"}
+
+
 def _reservation(ids: str) -> dict[str, Any]:
     return {"resources": {"reservations": {"devices": [{"driver": "nvidia", "device_ids": ids.split(","),
                                                         "capabilities": ["gpu"]}]}}}
@@ -177,6 +192,7 @@ def compose_file(cpu_cfg: ExperimentConfig, gpu_cfg: ExperimentConfig, cpu_file:
             name = service_name(p.name, role, "cpu")
             services[name] = _policy_service(p.name, role, "cpu", cpu_file, [q.name for q in cpu_cfg.policies],
                                              weights_group(cpu_cfg, p.name, "cpu"))
+            services[name].update(_shm_ipc(cpu_cfg, p.name, role))
             policy_services.append(name)
     services.update(_gpu_services(gpu_cfg, gpu_file, gpus))
     services["models"] = _models_service()
