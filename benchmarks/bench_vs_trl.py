@@ -119,8 +119,9 @@ def trl_worker(spec_file: Path, out_file: Path) -> None:
 
     n, g = spec["prompts_per_step"], spec["group_size"]
     cfg = GRPOConfig(
-        output_dir=spec["out"], use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=n * g, gradient_accumulation_steps=1, num_generations=g, num_iterations=1,
+        output_dir=spec["out"], use_cpu=True, bf16=spec.get("bf16", False), fp16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=spec.get("micro_batch") or n * g,
+        gradient_accumulation_steps=n * g // (spec.get("micro_batch") or n * g), num_generations=g, num_iterations=1,
         max_completion_length=spec["max_new_tokens"], temperature=1.0, top_p=1.0, top_k=0,
         learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", shuffle_dataset=False,
@@ -187,6 +188,11 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: ours bf16-mixed (model.dtype), TRL bf16=True (autocast); both fp32 master weights.")
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="Rows per forward/backward: ours algorithm.micro_batch_rows, TRL per_device_train_batch_size "
+                         "(and gradient_accumulation_steps = rows per step / this).")
     ap.add_argument("--skip", action="append", default=[], choices=["run", "up", "trl", "limits"])
     ap.add_argument("--pause-pgid", type=int, default=None,
                     help="SIGSTOP this process group while measuring, SIGCONT after.")
@@ -229,7 +235,10 @@ def measure(args) -> dict:
             f"budget.prompts_per_step={args.prompts}",
             f"budget.group_size={args.group}", f"budget.max_new_tokens={args.max_new_tokens}",
             f"policies.smollm2.optim.lr={args.lr}",
-            "eval.every=100000", "eval.size=8"]
+            "eval.every=100000", "eval.size=8",
+            f"policies.smollm2.model.dtype={'bf16-mixed' if args.dtype == 'bf16' else 'float32'}"]
+    if args.micro_batch:
+        sets.append(f"algorithm.micro_batch_rows={args.micro_batch}")
     cfg = load_config(CONFIG, sets)
     task, _ = build_task_from_config(cfg)
     instruction = cfg.task_instruction()
@@ -238,7 +247,8 @@ def measure(args) -> dict:
     problems = [p for step in range(1, args.steps + 1) for p in distributor.batch(step)]
     figures: dict = {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group,
                      "max_new_tokens": args.max_new_tokens,
-                     "threads": os.cpu_count(), "model": "SmolLM2-135M-Instruct (fp32)"}
+                     "threads": os.cpu_count(), "model": f"SmolLM2-135M-Instruct ({args.dtype})",
+                     "micro_batch": args.micro_batch}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cfg_file = tmp / "cfg.yaml"
@@ -259,7 +269,7 @@ def measure(args) -> dict:
             spec = {"model": model_dir, "prompts": [f"{p.prompt}\n\n{instruction}" for p in problems],
                     "answers": [p.answer for p in problems],
                     "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new_tokens,
-                    "lr": args.lr,
+                    "lr": args.lr, "bf16": args.dtype == "bf16", "micro_batch": args.micro_batch,
                     "steps": args.steps, "out": str(tmp / "trl")}
             (tmp / "trl.json").write_text(json.dumps(spec))
             peak, wall = run_measured([sys.executable, __file__, "--trl-worker", str(tmp / "trl.json"),
@@ -272,7 +282,7 @@ def measure(args) -> dict:
                               "step_s": span / (len(ends) - 1),
                               "peak_rss_gib": peak / 2**30, "wall_s": wall, "reward": res["rewards"]}
             print(f"trl: {figures['trl']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
-        if "limits" not in args.skip and "run" in figures:
+        if "limits" not in args.skip and "run" in figures and args.dtype == "fp32" and not args.micro_batch:
             mean_len = figures["run"]["tokens_per_s"] * figures["run"]["step_s"] / (args.prompts * args.group)
             figures["limits"] = limits(model_dir, [f"{p.prompt}\n\n{instruction}" for p in problems[: args.prompts]],
                                        args.group,
@@ -283,7 +293,8 @@ def measure(args) -> dict:
 
 def report(f: dict) -> None:
     print(f"\nSmolLM2-135M-Instruct, isolated GRPO: {f['steps']} steps of {f['prompts_per_step']} prompts x "
-          f"{f['group_size']} samples, <= {f['max_new_tokens']} new tokens, fp32, {f['threads']} cores")
+          f"{f['group_size']} samples, <= {f['max_new_tokens']} new tokens, {f['model']}, micro-batch "
+          f"{f.get('micro_batch') or 'none'}, {f['threads']} cores")
     print(f"{'':8} {'steps/s':>9} {'s/step':>8} {'gen tok/s':>10} {'peak GiB':>9}")
     for name in ("run", "up", "trl"):
         if name in f:
