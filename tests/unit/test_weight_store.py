@@ -14,7 +14,8 @@ def test_weight_store_directory_roundtrip_and_cleanup(tmp_path):
     uris = [store.put("a", v, state)[0] for v in (1, 2, 3)]
     uri, checksum = store.put("a", 4, state)
     got = store.get(uri, checksum)
-    assert torch.equal(got["lm_head.weight"], w)
+    # written once, as a Hugging Face checkpoint of a tied model is: the engine's module ties the head again
+    assert set(got) == {"embed.weight"} and torch.equal(got["embed.weight"], w)
     store.acknowledge("a", 4)
     assert not any((tmp_path / "a" / f"v{v}").exists() for v in (1, 2))
     assert (tmp_path / "a" / "v3").exists() and (tmp_path / "a" / "v4").exists()

@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 
-from mutualrl.weights.transport import _DTYPES, Announce, TensorManifest
+from mutualrl.weights.transport import _DTYPES, Announce, TensorManifest, untied
 
 SHM_SCHEME = "shm://"
 DEFAULT_DIR = Path("/dev/shm")
@@ -127,20 +127,6 @@ def reclaim(directory: Path, own_prefix: str | None = None) -> list[Path]:
     return removed
 
 
-def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` without the second name of a tied tensor (a tied LM head is the embedding: the engine's module
-    ties it again), so a version carries each tensor once."""
-    seen: set[tuple[int, int]] = set()
-    out = {}
-    for k, v in state.items():
-        key = (v.untyped_storage().data_ptr(), v.storage_offset()) if v.numel() else (id(v), 0)
-        if key in seen:
-            continue
-        seen.add(key)
-        out[k] = v
-    return out
-
-
 def parse_shm_uri(uri: str) -> tuple[Path, int]:
     """(slot file, version) of ``shm:///dev/shm/mutualrl-…-0?version=7``."""
     if not uri.startswith(SHM_SCHEME):
@@ -198,7 +184,7 @@ class ShmSender:
                 model_config=None) -> tuple[str, str]:
         """Write the version into slot ``version % 2`` under its seqlock, then announce it with its manifest."""
         t0 = time.monotonic()
-        manifest = TensorManifest.of(_untied(state))
+        manifest = TensorManifest.of(untied(state))
         offs, nbytes = offsets(manifest)
         slot = version % 2
         m = self._slot(slot, HEADER_BYTES + nbytes)

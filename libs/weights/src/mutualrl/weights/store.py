@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from mutualrl.weights.transport import Announce, TensorManifest, tensor_checksum
+from mutualrl.weights.transport import Announce, TensorManifest, tensor_checksum, untied
 
 
 def _checksum(state: dict[str, torch.Tensor]) -> str:
@@ -49,17 +49,21 @@ class WeightStore:
         """Store a version; returns ``(uri, checksum)``. With ``model_config`` (a transformers
         config) the directory is a complete Hugging Face checkpoint, which is what vLLM's
         ``reload_weights`` and SGLang's ``update_weights_from_disk`` read."""
-        cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-        checksum = _checksum(cpu)
-        if self.root is None:
+        if self.root is None:  # kept in memory: a copy, or the learner's next update would change it
+            cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+            checksum = _checksum(cpu)
             with self._lock:
                 self._mem[(policy, version)] = cpu
             return f"inproc://{policy}/{version}", checksum
+        # written before this returns (the learner steps again only after it): CPU tensors are saved as they are,
+        # not copied first (a 0.5B model's fp32 weights are 2.5 GB more at the learner's peak); a tied tensor's
+        # second name is dropped, as safetensors refuses shared storage and the engine's module ties it again
+        cpu = {k: v.detach().to("cpu").contiguous() for k, v in untied(state).items()}
+        checksum = _checksum(cpu)
         final = self.root / policy / f"v{version}"
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        # `cpu` holds independent copies, so tied weights no longer share memory (safetensors refuses that)
         save_file(cpu, str(tmp / "model.safetensors"), metadata={"checksum": checksum, "format": "pt"})
         if model_config is not None:
             model_config.save_pretrained(tmp)

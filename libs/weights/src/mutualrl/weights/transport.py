@@ -113,12 +113,30 @@ class WeightTransport(WeightSender, WeightReceiver, Protocol):
 
 
 def tensor_checksum(state: dict[str, torch.Tensor]) -> str:
-    """SHA-256 over names and raw bytes in name order (the filesystem store's checksum)."""
+    """SHA-256 over names and raw bytes in name order (the filesystem store's checksum). The bytes are hashed
+    through the buffer protocol, not copied into a ``bytes`` first."""
     h = hashlib.sha256()
     for k in sorted(state):
         h.update(k.encode())
-        h.update(state[k].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        t = state[k].detach().cpu().contiguous()
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without the second name of a tensor that shares storage with an earlier one (a tied LM head is
+    the input embedding: the receiving module ties it again), so a version carries each tensor once."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    out = {}
+    for k, v in state.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape)) if v.numel() else None
+        if key is not None and key in seen:
+            continue
+        if key is not None:
+            seen.add(key)
+        out[k] = v
+    return out
 
 
 def collective_uri(policy: str, version: int) -> str:
