@@ -19,64 +19,18 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from process_memory import run_measured  # noqa: E402
+
 CONFIG = ROOT / "examples" / "real" / "smollm2.yaml"
-
-
-def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and all its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += children.get(p, [])
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return total
-
-
-def run_measured(cmd: list[str], log: Path) -> tuple[int, float]:
-    """Run ``cmd`` to the end; return (peak RSS of its process tree in bytes, wall seconds)."""
-    peak = [0]
-    with log.open("w") as f:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.is_set():
-                peak[0] = max(peak[0], tree_rss(proc.pid))
-                stop.wait(0.25)
-
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
-        rc = proc.wait()
-        stop.set()
-        th.join()
-    if rc != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])} failed (exit {rc}); log: {log}\n" + log.read_text()[-3000:])
-    return peak[0], time.monotonic() - t0
 
 
 def ours(metrics: Path) -> dict:
@@ -258,11 +212,13 @@ def measure(args) -> dict:
         cfg_file.write_text(yaml.safe_dump(apply_overrides(raw, sets)))
         cli = [sys.executable, "-m", "mutualrl.app.cli"]
         if "run" not in args.skip:
-            peak, wall = run_measured([*cli, "run", str(cfg_file), "--out", str(tmp / "run")], tmp / "run.log")
+            m = run_measured([*cli, "run", str(cfg_file), "--out", str(tmp / "run")], tmp / "run.log")
+            peak, wall = m["peak_rss_gib"] * 2**30, m["wall_s"]
             figures["run"] = {**ours(tmp / "run" / "metrics.jsonl"), "peak_rss_gib": peak / 2**30, "wall_s": wall}
             print(f"run: {figures['run']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
         if "up" not in args.skip:
-            peak, wall = run_measured([*cli, "up", str(cfg_file), "--out", str(tmp / "up")], tmp / "up.log")
+            m = run_measured([*cli, "up", str(cfg_file), "--out", str(tmp / "up")], tmp / "up.log")
+            peak, wall = m["peak_rss_gib"] * 2**30, m["wall_s"]
             figures["up"] = {**ours(tmp / "up" / "metrics.jsonl"), "peak_rss_gib": peak / 2**30, "wall_s": wall}
             print(f"up: {figures['up']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
         if "trl" not in args.skip:
@@ -272,8 +228,9 @@ def measure(args) -> dict:
                     "lr": args.lr, "bf16": args.dtype == "bf16", "micro_batch": args.micro_batch,
                     "steps": args.steps, "out": str(tmp / "trl")}
             (tmp / "trl.json").write_text(json.dumps(spec))
-            peak, wall = run_measured([sys.executable, __file__, "--trl-worker", str(tmp / "trl.json"),
-                                       str(tmp / "trl-out.json")], tmp / "trl.log")
+            m = run_measured([sys.executable, __file__, "--trl-worker", str(tmp / "trl.json"),
+                              str(tmp / "trl-out.json")], tmp / "trl.log")
+            peak, wall = m["peak_rss_gib"] * 2**30, m["wall_s"]
             res = json.loads((tmp / "trl-out.json").read_text())
             ends = res["ends"]
             span = ends[-1] - ends[0]
