@@ -161,12 +161,11 @@ def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperatur
     for t in range(max_new_tokens):
         if should_stop is not None and should_stop():
             raise GenerationCancelled("generation stopped: the caller cancelled or its deadline passed")
-        u = None if temperature == 0 else torch.rand(B, 1, generator=generator, dtype=torch.float64,
-                                                     device=device)[rows]
         if temperature == 0:
             logp = F.log_softmax(logits, dim=-1)
             tok = logp.argmax(-1)
-        else:
+        else:  # the whole batch's uniforms, each row taking its own: the stream does not depend on compaction
+            u = torch.rand(B, 1, generator=generator, dtype=torch.float64, device=device)[rows]
             logp = F.log_softmax(_filter_logits(logits / temperature, top_k, top_p), dim=-1)
             tok = sample_categorical(logp, u=u)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
@@ -174,10 +173,10 @@ def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperatur
         lps[rows, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
         n = t + 1
         done = done | (tok == eos_id)
-        if bool(done.all()):
+        finished = int(done.sum())  # the token's one host read: whether to stop, and whether to compact
+        if finished == len(rows):
             break
         if compact and past is not None and hasattr(past, "batch_select_indices"):
-            finished = int(done.sum())
             if finished and finished >= COMPACT_AT * len(rows):
                 keep = (~done).nonzero().squeeze(-1)
                 past.batch_select_indices(keep)

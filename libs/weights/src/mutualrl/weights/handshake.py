@@ -31,8 +31,7 @@ import torch
 
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.v1 import experience_pb2 as pb
-from mutualrl.weights.shm import VersionSuperseded
-from mutualrl.weights.transport import TensorManifest, WeightReceiver, WeightSender
+from mutualrl.weights.transport import TensorManifest, VersionSuperseded, WeightReceiver, WeightSender
 
 AWAITING_WEIGHTS = "awaiting_weights"
 """The heartbeat status of a rollout service that missed a broadcast version and waits for it again."""
@@ -147,7 +146,7 @@ class WeightsFollower:
         try:
             self.load(version, wp.payload.uri, wp.payload.checksum or None,
                       TensorManifest.from_proto(wp.payload.tensors))
-        except VersionSuperseded as e:  # the shm slot was rewritten: the newer version's announcement follows
+        except VersionSuperseded as e:  # replaced by a newer version: its announcement follows
             self.log.info("weights version superseded while loading", extra={"fields": {"version": version,
                                                                                        "detail": str(e)}})
         except (ValueError, RuntimeError) as e:

@@ -31,14 +31,13 @@ import hashlib
 import logging
 import os
 import struct
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import torch
 
-from mutualrl.weights.transport import _DTYPES, Announce, TensorManifest, untied
+from mutualrl.weights.transport import _DTYPES, Announce, TensorManifest, VersionSuperseded, untied
 
 SHM_SCHEME = "shm://"
 DEFAULT_DIR = Path("/dev/shm")
@@ -51,10 +50,6 @@ log = logging.getLogger("mutualrl.weights.shm")
 
 class ShmTooSmall(RuntimeError):
     """The shared-memory filesystem cannot hold two versions of a policy's weights."""
-
-
-class VersionSuperseded(RuntimeError):
-    """The slot was rewritten with a newer version while the engine read it: load the newest instead."""
 
 
 def run_tag(weights_dir: str | Path) -> str:
@@ -148,8 +143,7 @@ class ShmSender:
         self.dir.mkdir(parents=True, exist_ok=True)
         reclaim(self.dir, own_prefix=self.prefix)
         self._maps: dict[int, _Mapping] = {}
-        self.last_seconds = 0.0  # the last version's copy into its slot
-        self.last_bytes = 0
+        self.last_bytes = 0  # the last version's data bytes (the seconds are the learner's weight_sync stage)
 
     def slot_path(self, slot: int) -> Path:
         """The file of slot 0 or 1."""
@@ -183,7 +177,6 @@ class ShmSender:
     def publish(self, policy: str, version: int, state: dict[str, torch.Tensor], announce: Announce,
                 model_config=None) -> tuple[str, str]:
         """Write the version into slot ``version % 2`` under its seqlock, then announce it with its manifest."""
-        t0 = time.monotonic()
         manifest = TensorManifest.of(untied(state))
         offs, nbytes = offsets(manifest)
         slot = version % 2
@@ -198,7 +191,7 @@ class ShmSender:
         m.set_header(seq + 2, version, nbytes, os.getpid())
         uri = f"{SHM_SCHEME}{self.slot_path(slot)}?version={version}"
         checksum = f"shm:{version}:{nbytes}"
-        self.last_seconds, self.last_bytes = time.monotonic() - t0, nbytes
+        self.last_bytes = nbytes
         announce(uri, checksum, manifest)
         return uri, checksum
 
@@ -214,8 +207,7 @@ class ShmReceiver:
 
     def __init__(self) -> None:
         self._maps: dict[Path, _Mapping] = {}
-        self.last_seconds = 0.0
-        self.last_bytes = 0
+        self.last_bytes = 0  # the last version's (the seconds: the follower's last_load_s)
 
     def _map(self, path: Path) -> _Mapping:
         try:
@@ -233,7 +225,6 @@ class ShmReceiver:
         """The announced version's tensors (copies: the slot may be rewritten two versions later)."""
         if manifest is None:
             raise ValueError(f"{uri}: a shared-memory version needs its announced manifest")
-        t0 = time.monotonic()
         path, version = parse_shm_uri(uri)
         m = self._map(path)
         offs, nbytes = offsets(manifest)
@@ -251,7 +242,7 @@ class ShmReceiver:
             out[name] = data[off: off + n].clone().view(dtype).reshape(shape)
         if m.header()[0] != seq:
             raise VersionSuperseded(f"{uri}: rewritten with a newer version while it was read")
-        self.last_seconds, self.last_bytes = time.monotonic() - t0, nbytes
+        self.last_bytes = nbytes
         return out
 
     def acknowledge(self, policy: str, version: int) -> None:

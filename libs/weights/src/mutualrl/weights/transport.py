@@ -83,6 +83,12 @@ class TensorManifest:
                    for d, s in zip(self.dtypes, self.shapes))
 
 
+class VersionSuperseded(RuntimeError):
+    """A receiver could not take the announced version because a newer one replaced it (a shared-memory slot
+    rewritten, or gone with a restarted learner): the handshake loads the newest announcement instead of counting a
+    refusal."""
+
+
 Announce = Callable[[str, str, "TensorManifest | None"], None]
 """``announce(uri, checksum, manifest)``: publish the signed ``WeightsPublished`` (the manifest is
 None for the filesystem transport)."""

@@ -606,13 +606,11 @@ def behaviour_gap(logp: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tenso
                   own: torch.Tensor) -> dict[str, torch.Tensor]:
     """Mean and 99th percentile of |log π_θ − log π_behaviour| over the own rows' tokens before the first update
     (§7.1): zero up to float rounding when sampler and learner compute alike, the size of the bf16 (or another
-    engine's) mismatch otherwise. Device scalars (read back with the step's other metrics); none without own
-    tokens."""
+    engine's) mismatch otherwise. Device scalars, read back with the step's other metrics: no host read here
+    (tokens outside the own rows are NaN, so a step without own tokens gives NaN, which the record leaves out)."""
     sel = (mask > 0) & own[:, None].to(mask.device)
-    if not bool(sel.any()):
-        return {}
-    gap = (logp - behaviour).abs()[sel].float()
-    return {"behaviour_gap_mean": gap.mean(), "behaviour_gap_p99": torch.quantile(gap, 0.99)}
+    gap = (logp - behaviour).abs().float().masked_fill(~sel, float("nan")).reshape(-1)
+    return {"behaviour_gap_mean": gap.nanmean(), "behaviour_gap_p99": torch.nanquantile(gap, 0.99)}
 
 
 def _signal_groups(rows: Rows) -> int:
