@@ -190,3 +190,27 @@ def test_a_version_whose_learner_died_before_sending_it_is_given_up_for_the_next
     finally:
         stop.set()
     assert refused == [2] and engine.version == 3 and torch.equal(engine.state["w"], _state(3)["w"])
+
+
+def test_a_version_superseded_before_it_was_loaded_keeps_the_rollout_side_waiting(tmp_path):
+    """A rollout service restarted beside its learner (shm): the announced version's slot is gone
+    by the time it reads it. It must not count as caught up on its starting weights — that sampled
+    a whole step too stale to train (a kill-9 test's lost step) — but wait for the restarted
+    learner's next version."""
+    from mutualrl.weights.shm import ShmReceiver, ShmSender
+
+    ex = ExperienceExchange(InProcessBroker(), "mutualrl:hs")
+    engine = Engine(ShmReceiver())
+    follower = _follower(ex, "shm", engine.receiver, engine)
+    first = ShmSender(tmp_path / "w", POLICY, directory=tmp_path)
+    _publish(ex, WeightsPublisher(POLICY, ex, first), 1, _state(1))
+    first.close()  # the learner is killed and its slots reclaimed before the rollout side reads them
+    follower.load_newest()
+    follower.load_newest()  # tried once, not again and again
+    assert engine.version == 0 and engine.loads == 0
+    assert not follower.caught_up()  # so it samples nothing with its starting weights
+    restarted = WeightsPublisher(POLICY, ex, ShmSender(tmp_path / "w", POLICY, directory=tmp_path))
+    restarted.continue_after()
+    assert _publish(ex, restarted, 1, _state(11)) == 2
+    follower.load_newest()
+    assert follower.caught_up() and engine.version == 2 and torch.equal(engine.state["w"], _state(11)["w"])

@@ -117,6 +117,7 @@ class WeightsFollower:
     on_loaded: Callable[[int], None] | None = field(default=None, kw_only=True)
     on_refused: Callable[[int, Exception], None] | None = field(default=None, kw_only=True)
     handled: int = field(default=0, init=False)  # the newest announced version loaded or refused
+    superseded: int = field(default=0, init=False)  # the newest version gone before it could be loaded
     last_load_s: float = field(default=0.0, init=False)  # how long the last loaded version took (metrics)
     asked: int = field(default=0, init=False)  # the missed version asked for again
     _error: BaseException | None = field(default=None, init=False)
@@ -135,7 +136,7 @@ class WeightsFollower:
         if wp is None:
             return
         version = int(wp.payload.version)
-        if version <= max(self.handled, self.served()):
+        if version <= max(self.handled, self.served(), self.superseded):
             return
         if self.collective and not self._broadcast_pending(wp):
             # announced before this service joined and already sent: sampling now would use older
@@ -146,9 +147,13 @@ class WeightsFollower:
         try:
             self.load(version, wp.payload.uri, wp.payload.checksum or None,
                       TensorManifest.from_proto(wp.payload.tensors))
-        except VersionSuperseded as e:  # replaced by a newer version: its announcement follows
+        except VersionSuperseded as e:
+            # replaced by a newer version, whose announcement follows: not handled, so the service stays behind
+            # (caught_up() is False) and samples nothing with the weights it has until that one is loaded
             self.log.info("weights version superseded while loading", extra={"fields": {"version": version,
                                                                                        "detail": str(e)}})
+            self.superseded = version
+            return
         except (ValueError, RuntimeError) as e:
             if self.served() < version:
                 self.log.error("weights refused", extra={"fields": {"version": version, "error": str(e)}})
@@ -189,7 +194,8 @@ class WeightsFollower:
         return int(wp.payload.step) if wp is not None and int(wp.payload.version) == version else 0
 
     def caught_up(self) -> bool:
-        """Whether the newest announced version is loaded (or was refused). Raises when the
+        """Whether the newest announced version is loaded (or was refused; one superseded before it
+        could be loaded does not count: its successor is awaited). Raises when the
         following thread failed (a broken weight group: the service exits and is restarted)."""
         self.check()
         return max(self.handled, self.served()) >= self.newest_announced()
