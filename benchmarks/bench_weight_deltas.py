@@ -1,6 +1,7 @@
 """How much of a bf16 engine's weights one learner step changes: the fraction of bf16 values that differ between
-two consecutive published versions, per tensor class, and the bytes a delta (int32 indices + bf16 values,
-zlib-compressed) would take against a full bf16 version — the case for sending versions as deltas (#43, item 5).
+two consecutive published versions, per tensor class, and the bytes of the delta `weights.deltas` sends
+(mutualrl.weights.deltas: per tensor, int32 gaps between changed positions + bf16 values, zlib level 1) against a
+whole bf16 version (#43, item 5; docs/algorithms.md §7.3), and the seconds to encode and to rebuild it.
 
     .venv/bin/python benchmarks/bench_weight_deltas.py OLD/model.safetensors NEW/model.safetensors [--json F]
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import zlib
+import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+from mutualrl.weights.deltas import apply_delta, bits, encode_delta
 
 
 def tensor_class(name: str) -> str:
@@ -43,21 +46,28 @@ def main() -> None:
     args = ap.parse_args()
     old, new = load_file(str(args.old)), load_file(str(args.new))
     classes: dict[str, dict[str, int]] = {}
-    full_bytes = delta_raw = 0
-    delta_parts = []
+    full_bytes = delta_raw = delta_bytes = 0
+    encode_s = rebuild_s = 0.0
     for name, a in old.items():
-        b = new[name]
-        a16, b16 = a.to(torch.bfloat16).reshape(-1), b.to(torch.bfloat16).reshape(-1)
-        changed = (a16.view(torch.int16) != b16.view(torch.int16)).nonzero().squeeze(-1)
+        a16, b16 = a.to(torch.bfloat16), new[name].to(torch.bfloat16)
+        t0 = time.perf_counter()
+        blob = encode_delta(b16, a16)
+        encode_s += time.perf_counter() - t0
+        changed = int((bits(a16) != bits(b16)).sum())
         c = classes.setdefault(tensor_class(name), {"values": 0, "changed": 0})
         c["values"] += a16.numel()
-        c["changed"] += changed.numel()
+        c["changed"] += changed
         full_bytes += a16.numel() * 2
-        delta_raw += changed.numel() * 6
-        delta_parts += [changed.to(torch.int32).numpy().tobytes(), b16[changed].view(torch.int16).numpy().tobytes()]
-    compressed = len(zlib.compress(b"".join(delta_parts), 1))
-    out = {"full_bf16_bytes": full_bytes, "delta_raw_bytes": delta_raw, "delta_zlib_bytes": compressed,
-           "delta_share": compressed / full_bytes,
+        delta_raw += changed * 6
+        if blob is not None:
+            delta_bytes += blob.numel()
+            t0 = time.perf_counter()
+            rebuilt = a16.clone()
+            apply_delta(rebuilt, blob)
+            rebuild_s += time.perf_counter() - t0
+            assert torch.equal(bits(rebuilt), bits(b16)), name
+    out = {"full_bf16_bytes": full_bytes, "delta_raw_bytes": delta_raw, "delta_bytes": delta_bytes,
+           "delta_share": delta_bytes / full_bytes, "encode_s": encode_s, "rebuild_s": rebuild_s,
            "changed_by_class": {k: {**v, "share": v["changed"] / v["values"]} for k, v in sorted(classes.items())}}
     print(json.dumps(out, indent=2))
     if args.json:

@@ -622,6 +622,16 @@ class WeightsConfig(_Strict):
                       "picks a free port per policy.")
     timeout_s: float = Field(600.0, gt=0, description="collective: how long the two ends wait for each other "
                              "(rendezvous and each version).")
+    deltas: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="filesystem and shm, hf engines: send a version as the values that changed since the one before "
+                    "it, in the dtype the engine samples in, compressed, and rebuilt bit for bit on the engine "
+                    "(docs/algorithms.md §7.3). auto: on when the engine samples in bf16 or fp16 (most fp32 values "
+                    "change every step, so deltas would not pay); on: always (a version whose delta is over "
+                    "delta_max_share goes whole); off: every version whole. The learner keeps one copy of the "
+                    "weights in the engine's dtype as the next delta's base.")
+    delta_max_share: float = Field(0.5, gt=0, le=1, description="A delta larger than this share of the whole "
+                                   "version's bytes is not sent: the version goes whole.")
     share_in_process: bool = Field(True, description="`mutualrl run` with synchronous sampling (async.max_staleness "
                                    "0) and an hf engine: the engine samples the learner's own module, no copy of the "
                                    "weights (the same numbers: it samples step t's rollouts after step t-1's update "
@@ -710,6 +720,13 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _collective_fits(self) -> "ExperimentConfig":
+        if self.weights.deltas == "on":
+            if self.weights.transport == "collective":
+                raise ValueError("weights.deltas on: deltas travel through the filesystem or shm transport, not "
+                                 "collective (a broadcast sends every tensor whole)")
+            if not any(p.engine.backend == "hf" for p in self.policies):
+                raise ValueError("weights.deltas on: no policy has an hf engine (a vLLM or SGLang server reloads "
+                                 "whole checkpoints)")
         if self.weights.transport != "collective":
             return self
         for p in self.policies:

@@ -17,6 +17,10 @@ Two facts shape the protocol:
   (:meth:`WeightsPublisher.asked_again`). A version still to be broadcast is recognised by the
   learner's heartbeat: the learner announces, broadcasts (waiting for every receiver) and only
   then heartbeats.
+- **A delta needs its base.** A version sent as the changes since the one before it
+  (:mod:`mutualrl.weights.deltas`) can be rebuilt only on that one; a rollout side that does not serve
+  it (restarted, or it skipped a version) asks again the same way, and the learner's next version goes
+  whole (:meth:`WeightsPublisher.send_whole_next`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,13 @@ import torch
 
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.v1 import experience_pb2 as pb
-from mutualrl.weights.transport import TensorManifest, VersionSuperseded, WeightReceiver, WeightSender
+from mutualrl.weights.transport import (
+    NeedsFullVersion,
+    TensorManifest,
+    VersionSuperseded,
+    WeightReceiver,
+    WeightSender,
+)
 
 AWAITING_WEIGHTS = "awaiting_weights"
 """The heartbeat status of a rollout service that missed a broadcast version and waits for it again."""
@@ -78,6 +88,13 @@ class WeightsPublisher:
 
         self.sender.publish(self.policy, version, state, announce, model_config=self.model_config)
         return version
+
+    def send_whole_next(self) -> None:
+        """The next version goes whole: a rollout side asked again because it lacks a delta's base
+        (a transport without deltas sends every version whole anyway)."""
+        reset = getattr(self.sender, "reset", None)
+        if reset is not None:
+            reset()
 
     def continue_after(self) -> int:
         """After a restart: continue after the newest version announced (never one twice)."""
@@ -141,12 +158,18 @@ class WeightsFollower:
         if self.collective and not self._broadcast_pending(wp):
             # announced before this service joined and already sent: sampling now would use older
             # weights than the staleness bound allows, so ask the learner to send them again
-            self._ask_again(version)
+            self._ask_again(version, "broadcast before this service started")
             return
         t0 = time.monotonic()
         try:
             self.load(version, wp.payload.uri, wp.payload.checksum or None,
                       TensorManifest.from_proto(wp.payload.tensors))
+        except NeedsFullVersion as e:
+            # a delta whose base this engine never loaded: the learner is asked for the weights whole, and
+            # until they load the service is behind (nothing sampled with what it has)
+            self.superseded = version
+            self._ask_again(version, f"cannot be rebuilt here ({e})")
+            return
         except VersionSuperseded as e:
             # replaced by a newer version, whose announcement follows: not handled, so the service stays behind
             # (caught_up() is False) and samples nothing with the weights it has until that one is loaded
@@ -172,11 +195,10 @@ class WeightsFollower:
         hb = self.exchange.last("heartbeat", learner_stream(self.policy))
         return hb is None or wp.envelope.created_unix_nanos > hb.envelope.created_unix_nanos
 
-    def _ask_again(self, version: int) -> None:
+    def _ask_again(self, version: int, why: str) -> None:
         if self.asked == version:
             return
-        self.log.warning("weights version missed (broadcast before this service started): asking the learner to send "
-                         "it again",
+        self.log.warning(f"weights version missed ({why}): asking the learner to send the weights again",
                          extra={"fields": {"version": version}})
         own = self.exchange.last("heartbeat", rollout_stream(self.policy))
         step = int(own.payload.step) if own is not None else 0

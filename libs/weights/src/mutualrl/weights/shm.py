@@ -211,12 +211,13 @@ class ShmReceiver:
 
     def _map(self, path: Path) -> _Mapping:
         try:
-            inode = os.stat(path).st_ino
+            st = os.stat(path)
         except FileNotFoundError as e:
             raise VersionSuperseded(f"no weights slot at {path}: the learner stopped or restarted (a restarted "
                                     "learner sends its weights again as a new version)") from e
         m = self._maps.get(path)
-        if m is None or m.inode != inode:  # first use, or a restarted learner recreated the slot
+        # first use, a restarted learner's recreated slot, or one grown for a larger version (a whole one after deltas)
+        if m is None or m.inode != st.st_ino or m.buf.numel() < st.st_size:
             m = self._maps[path] = _Mapping.open(path)
         return m
 
@@ -234,6 +235,8 @@ class ShmReceiver:
                                     f"not {version}")
         if checksum and checksum != f"shm:{version}:{nbytes}":
             raise ValueError(f"checksum mismatch for {uri}")
+        if m.buf.numel() < HEADER_BYTES + nbytes:  # the slot grew after it was mapped here
+            m = self._maps[path] = _Mapping.open(path)
         data = m.buf[HEADER_BYTES:]
         out = {}
         for name, d, shape, off in zip(manifest.names, manifest.dtypes, manifest.shapes, offs):

@@ -89,6 +89,11 @@ class VersionSuperseded(RuntimeError):
     refusal."""
 
 
+class NeedsFullVersion(VersionSuperseded):
+    """A receiver cannot rebuild the announced version from what its engine serves (a delta against a version it
+    never loaded: it restarted, or skipped one): the handshake asks the learner to send the weights again, whole."""
+
+
 Announce = Callable[[str, str, "TensorManifest | None"], None]
 """``announce(uri, checksum, manifest)``: publish the signed ``WeightsPublished`` (the manifest is
 None for the filesystem transport)."""

@@ -112,7 +112,8 @@ class Learner:
         self.s = settings
         self.ref_model = ref_model
         self.weights = WeightsPublisher(policy, exchange, store, model_config=self.model.config)
-        # the size of a published version never changes: computed once, not on every step
+        # the size of a whole version never changes: computed once, not on every step (a transport that sends
+        # deltas says what its last version took: ``last_bytes``)
         self.weights_bytes = int(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
         # fused: the update of a mini-batch without learning signal is skipped on the device
         # (``found_inf``), so the host never waits for a gradient norm mid-step
@@ -563,7 +564,7 @@ class Learner:
             "ratio_mean": metrics.pop("ratio_mean", None),
             "train_s": time.monotonic() - t0,
             "stage_seconds": stages,
-            "weights_bytes": self.weights_bytes,
+            "weights_bytes": getattr(self.weights.sender, "last_bytes", 0) or self.weights_bytes,
             "learner_state_bytes": self.state_bytes(),
             "tokens": int(sum(len(c) for c in rows.token_ids)),
             **{k: metrics.pop(k, None) for k in record_keys()},  # every mode's fields, None where this mode has none

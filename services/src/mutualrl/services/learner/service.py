@@ -28,6 +28,7 @@ from mutualrl.services.learner.setup import learner_transport, service_learner
 from mutualrl.tracking import open_tracker
 from mutualrl.tracking.identity import run_info
 from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.weights.deltas import DeltaSender
 from mutualrl.weights.shm import ShmSender
 
 
@@ -84,6 +85,23 @@ def _shard_fn(cfg, p):
                                       activation_checkpointing=p.resources.activation_checkpointing)
 
 
+def _resender(loop: LearnerLoop, metrics: LearnerMetrics, status: dict, log):
+    """What a learner does between polls for its own rollouts when its rollout service may ask for the weights
+    again (a missed broadcast, or a delta whose base it does not serve): send the current weights, whole, as a
+    new version (docs/architecture.md, "Weights")."""
+    learner = loop.learner
+
+    def resend_if_asked() -> None:
+        if learner.weights.asked_again():
+            log.info("weights asked for again by the rollout service",
+                     extra={"fields": {"version": learner.version + 1}})
+            learner.weights.send_whole_next()
+            loop.publish(status["step"])
+            metrics.position(status["step"], learner.version)
+
+    return resend_if_asked
+
+
 def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup | None) -> int:
     cfg, p = ctx.cfg, ctx.policy_cfg
     store = learner_transport(cfg, ctx.index, args.weights_dir, args.weights_group)
@@ -97,6 +115,8 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
                        lockstep=ranks)
     peers = learner.peers  # the sources of its incoming sharing edges (every other policy without edges)
     collective = cfg.weights.transport == "collective"  # a version sent by broadcast can be missed, one on disk cannot
+    # a rollout service asks again for a missed broadcast, or for a delta whose base it does not serve
+    asks_again = collective or isinstance(learner.weights.sender, DeltaSender)
     # a version in shared memory does not outlive the learner: a restarted learner's versions are sent again
     done = _resume(loop, ctx, log, republish=collective or cfg.weights.transport == "shm")
     metrics_path = ctx.state_dir / f"{p.name}.metrics.jsonl"
@@ -121,14 +141,7 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
     metrics.position(done, learner.version)
     log.info("learning", extra={"fields": {"ops_port": ops.port, "start_step": done + 1}})
 
-    def resend_if_asked() -> None:
-        """A rollout service that missed a broadcast version asks again: send the current weights
-        as a new version (docs/architecture.md, "Weights")."""
-        if learner.weights.asked_again():
-            log.info("weights asked for again by the rollout service",
-                     extra={"fields": {"version": learner.version + 1}})
-            loop.publish(status["step"])
-            metrics.position(status["step"], learner.version)
+    resend_if_asked = _resender(loop, metrics, status, log) if asks_again else None
     try:
         for step in range(done + 1, cfg.budget.steps + 1):
             if stop.is_set():
@@ -138,7 +151,7 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
                 ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers),
                              cfg.launcher.peer_deadline_s, stop)
             # bounded: never wait; the peer intake takes what is within sharing.max_version_lag of this step
-            out = loop.step(step, problems, while_waiting=resend_if_asked if collective else None)
+            out = loop.step(step, problems, while_waiting=resend_if_asked)
             rec = out.record
             if out.durable:
                 metrics_file.writelines(json.dumps(r) + "\n" for r in out.durable)

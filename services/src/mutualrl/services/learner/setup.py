@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
 from mutualrl.config import ExperimentConfig
 from mutualrl.config.schema import OptimConfig, SharingConfig
 from mutualrl.models.policy import tokenizer_fingerprint
@@ -16,6 +18,7 @@ from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegis
 from mutualrl.tasks import Verifier
 from mutualrl.thl import ThlBudget
 from mutualrl.weights import WeightSender, WeightStore
+from mutualrl.weights.deltas import DeltaSender
 from mutualrl.weights.groups import learner_sender, parse_address, resolve_backend
 from mutualrl.weights.shm import ShmSender
 
@@ -79,6 +82,23 @@ def make_learner(
                    ref_model=ref)
 
 
+def delta_dtype(cfg: ExperimentConfig, backend: str, precision: Precision) -> torch.dtype | None:
+    """The dtype a learner sends its versions as deltas in (``weights.deltas``), or None for whole versions: the
+    dtype its engine samples in; auto only when that is 16-bit (docs/algorithms.md §7.3)."""
+    if cfg.weights.deltas == "off" or cfg.weights.transport == "collective" or backend != "hf":
+        return None
+    dtype = precision.autocast or precision.weights
+    if cfg.weights.deltas == "auto" and dtype.itemsize > 2:
+        return None
+    return dtype
+
+
+def with_deltas(cfg: ExperimentConfig, pp: PreparedPolicy, sender: WeightSender) -> WeightSender:
+    """``sender``, sending deltas when :func:`delta_dtype` says so."""
+    dtype = delta_dtype(cfg, pp.config.engine.backend, pp.precision)
+    return sender if dtype is None else DeltaSender(sender, dtype, cfg.weights.delta_max_share)
+
+
 def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier, cache, exchange: ExperienceExchange,
                     store: WeightSender,
                     phase=lambda s: None, shard=None, device: str | None = None) -> tuple[PreparedPolicy, Learner]:
@@ -97,7 +117,7 @@ def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier,
         if i != index:
             tok = peer_tokenizer(cfg, i, task, cache)
             tokenizers.register(tokenizer_fingerprint(tok), tok)
-    return pp, make_learner(cfg, pp, exchange, store, tokenizers, verifier,
+    return pp, make_learner(cfg, pp, exchange, with_deltas(cfg, pp, store), tokenizers, verifier,
                             peer_deadline_s=cfg.launcher.rollout_deadline_s, device=device)
 
 

@@ -11,6 +11,7 @@ from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.hf_engine import HFEngine
 from mutualrl.services.rollout.http_engines import EngineUnavailable, SGLangServerEngine, VLLMServerEngine
 from mutualrl.weights import WeightReceiver, WeightStore, hf_receiver
+from mutualrl.weights.deltas import DeltaReceiver
 from mutualrl.weights.groups import parse_address, resolve_backend
 from mutualrl.weights.shm import ShmReceiver
 
@@ -54,10 +55,13 @@ def rollout_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_gr
     announced version's group; ``newest()`` — the newest announced version — lets it give up one
     that was superseded) — a vLLM/SGLang server joins once itself (:func:`join_engine_group`)."""
     p = cfg.policies[index]
-    if cfg.weights.transport == "filesystem" or p.engine.backend != "hf":
+    if p.engine.backend != "hf":
         return WeightStore(weights_dir)
+    # an hf engine takes deltas whenever its learner sends them (a whole version passes through)
+    if cfg.weights.transport == "filesystem":
+        return DeltaReceiver(WeightStore(weights_dir))
     if cfg.weights.transport == "shm":
-        return ShmReceiver()
+        return DeltaReceiver(ShmReceiver())
     host, port = parse_address(weights_group, p.name)
     backend = resolve_backend(cfg.weights.backend, p.engine.backend, p.engine.device)
     return hf_receiver(host, port, 1, 1, backend, cfg.weights.timeout_s,

@@ -28,6 +28,7 @@ from mutualrl.services.rollout.metrics import RolloutMetrics
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.weights.deltas import DeltaReceiver
 from mutualrl.weights.handshake import WeightsFollower, newest_announced
 
 
@@ -90,6 +91,8 @@ def run_rollout_service(args: ServiceArgs) -> int:
     engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source,
                           collective=collective, precision=pp.precision, adopt=True)
     join_engine_group(cfg, ctx.index, engine, args.weights_group)
+    if isinstance(store, DeltaReceiver):  # deltas are rebuilt on the tensors this engine serves
+        store.attach(engine.model.state_dict, lambda: engine.info().weights_version)
     registry = CollectorRegistry()
     keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
     key = keyring.key(f"{p.name}.learner") if keyring is not None else None
