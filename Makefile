@@ -74,7 +74,7 @@ $(MLFLOW_VENV)/.installed:
 real: $(REAL_STAMP)
 
 test: setup $(REAL_STAMP) $(MLFLOW_VENV)/.installed lint
-	$(BIN)/python -m pytest -q -m "not slow and not vllm and not deploy" --ignore=tests/deploy tests
+	$(BIN)/python -m pytest -q --durations=25 -m "not slow and not vllm and not deploy" --ignore=tests/deploy tests
 
 # pyflakes-class errors everywhere; a docstring on every public class of the package
 lint: setup

@@ -4,10 +4,14 @@
 For every real ``Rollout`` llama-char's rollout service publishes, the probe publishes, signed with that
 service's own key, on its own stream:
 - a copy with ``sample_index`` beyond the group (groups of G + 1 from G);
-- a copy of the same (prompt, sample, weights version) with other content (a forged duplicate);
-and, once a step, a row longer than the model's context. It then reads the learner's log, the run's
-dead-letter stream and the learner's ledger: every forgery should be refused with its reason, dead-lettered and
-logged, and the learner should have trained on exactly what the real rollout service published.
+- for samples 0 and 4 of each group, a copy of the same (prompt, sample, weights version) with other content,
+  after the real one (a forged duplicate: both must fail closed, as conflicts);
+- for sample 1, a copy with other content stamped with weights version 99, never published (refused as
+  ``unknown_version``; the real one is trained);
+and, once a step, a row longer than the model's context — and, when it sees step t begin, copies of sample 2 of
+every prompt of step t + 1 *before* the real service samples them (forged first: both copies must fail closed).
+It then reads the learner's log (JSON lines), the run's dead-letter stream and the learner's ledger: no forged
+row may be trained, and every real row dropped must be dead-lettered and logged as a conflict.
 
     .venv/bin/python tools/probe_own_stream.py [--steps 4] [--out DIR]
 """
@@ -17,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import secrets
 import subprocess
 import sys
@@ -29,6 +32,9 @@ from pathlib import Path
 import redis
 import torch
 
+from mutualrl.config import load_config
+from mutualrl.runtime.distributor import PromptDistributor
+from mutualrl.runtime.policy_setup import build_task_from_config
 from mutualrl.see import ExperienceExchange
 from mutualrl.see.exchange import dead_letter_stream, stream_name
 from mutualrl.see.identity import Keyring, derive_key
@@ -71,31 +77,62 @@ def namespace_of(out: Path, proc: subprocess.Popen, timeout_s: float = 600) -> s
     raise SystemExit("up did not start in time")
 
 
+def _copy(r: pb.Rollout, extra_token: bool = True) -> pb.Rollout:
+    """``r`` with other content (one more token), as a forger would make it."""
+    other = pb.Rollout()
+    other.CopyFrom(r)
+    if extra_token:
+        other.completion_text = r.completion_text + "9"
+        other.token_ids.append(r.token_ids[0] if r.token_ids else 3)
+        other.logprobs.append(-0.1)
+    return other
+
+
 def forge(ex: ExperienceExchange, r: pb.Rollout, version: int, sent: Counter, long_steps: set[int],
           ours: set[str]) -> None:
-    """The forgeries for one real rollout (their message ids go into ``ours``)."""
-    beyond = pb.Rollout()
-    beyond.CopyFrom(r)
+    """The forgeries for one real rollout, published after it (their message ids go into ``ours``)."""
+    beyond = _copy(r, extra_token=False)
     beyond.sample_index = r.sample_index + G  # a group of G + 1 and more
     ours.add(ex.publish(beyond, POLICY, version))
     sent["sample_index_beyond_group"] += 1
-    other = pb.Rollout()
-    other.CopyFrom(r)
-    other.completion_text = r.completion_text + "9"
-    other.token_ids.append(r.token_ids[0] if r.token_ids else 3)
-    other.logprobs.append(-0.1)
-    ours.add(ex.publish(other, POLICY, version))
-    sent["forged_duplicate"] += 1
+    if r.sample_index % 4 == 0:
+        ours.add(ex.publish(_copy(r), POLICY, version))
+        sent["forged_duplicate_after"] += 1
+    if r.sample_index == 1:
+        ours.add(ex.publish(_copy(r), POLICY, 99))
+        sent["unpublished_version"] += 1
     if r.step not in long_steps:
         long_steps.add(r.step)
-        huge = pb.Rollout()
-        huge.CopyFrom(r)
+        huge = _copy(r, extra_token=False)
         huge.sample_index = (r.sample_index + 1) % G
         huge.token_ids.extend([3] * 500)
         huge.logprobs.extend([-0.1] * 500)
         huge.completion_text = r.completion_text + "1" * 500
         ours.add(ex.publish(huge, POLICY, version))
         sent["over_long"] += 1
+
+
+def forge_ahead(ex: ExperienceExchange, r: pb.Rollout, version: int, prompts: list[str], sent: Counter,
+                ours: set[str]) -> None:
+    """Sample 2 of every prompt of the step after ``r``'s, forged from ``r`` before the real service samples it."""
+    for prompt_id in prompts:
+        first = _copy(r)
+        first.step, first.prompt_id, first.sample_index = r.step + 1, prompt_id, 2
+        ours.add(ex.publish(first, POLICY, version))
+        sent["forged_first"] += 1
+
+
+def learner_refusals(log_path: Path) -> Counter:
+    """The learner's log lines about own rollouts it refused, by reason and level (its lines are JSON)."""
+    out: Counter = Counter()
+    for line in log_path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("reason") and "own rollout" in rec.get("msg", ""):
+            out[f"{rec['reason']} ({rec['level']})"] += len(rec.get("message_ids") or [1])
+    return out
 
 
 def main() -> int:
@@ -113,8 +150,11 @@ def main() -> int:
         r = redis.Redis.from_url(server.url)
         ex = ExperienceExchange(RedisBroker(RedisOptions(url=server.url)), ns,
                                 keys=Keyring({SERVICE: derive_key(run_key, SERVICE)}))
+        cfg = load_config(out / "config.yaml")
+        task, _ = build_task_from_config(cfg)
+        distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
         stream, last_id = stream_name(ns, "rollout", POLICY), "0-0"
-        sent, real, long_steps, ours = Counter(), 0, set(), set()
+        sent, real, long_steps, ours, ahead = Counter(), 0, set(), set(), set()
         while proc.poll() is None:
             for _, entries in r.xread({stream: last_id}, block=500) or []:
                 for entry_id, fields in entries:
@@ -123,16 +163,17 @@ def main() -> int:
                     if env_msg.message_id in ours or env_msg.WhichOneof("payload") != "rollout":
                         continue
                     real += 1
-                    forge(ex, env_msg.rollout, env_msg.weights_version, sent, long_steps, ours)
+                    roll = env_msg.rollout
+                    if roll.step not in ahead and roll.step < args.steps:
+                        ahead.add(roll.step)
+                        forge_ahead(ex, roll, env_msg.weights_version,
+                                    [p.prompt_id for p in distributor.batch(roll.step + 1)], sent, ours)
+                    forge(ex, roll, env_msg.weights_version, sent, long_steps, ours)
         if proc.returncode != 0:
             print(console_log(out).read_text()[-3000:])
             raise SystemExit(f"up exited with {proc.returncode}")
         dead = Counter(f[FIELD].split(b"\x00", 1)[0].decode() for _, f in r.xrange(dead_letter_stream(ns)))
-        learner_log = (out / "logs" / f"{POLICY}.learner.log").read_text().splitlines()
-        refused = [line for line in learner_log if "own rollout" in line and ("conflicts with" in line or
-                                                                           "refused (" in line)]
-        logged = Counter("conflict (error)" if "conflicts with" in line else
-                         re.search(r"refused \((\w+)\)", line).group(1) + " (warning)" for line in refused)
+        logged = learner_refusals(out / "logs" / f"{POLICY}.learner.log")
         state = torch.load(out / "services" / f"{POLICY}.learner.state.pt", weights_only=False)
         trained = {mid for step in state["ledger"].values() for mid in step["own"]}
         published = set()
@@ -144,7 +185,11 @@ def main() -> int:
         print(f"trained own rollouts: {len(trained)}; published by the real service: {len(published)}; "
               f"trained but not published: {len(trained - published)}; published but not trained: "
               f"{len(published - trained)}")
-        return 0 if trained <= published else 1
+        dropped = len(published - trained)
+        conflicts = dead.get("own_conflict", 0)
+        print(f"forged rows trained: {len(trained & ours)}; real rows not trained: {dropped}; "
+              f"conflict dead letters: {conflicts} (each dropped real row and its forged copy)")
+        return 0 if trained <= published and not (trained & ours) else 1
 
 
 if __name__ == "__main__":

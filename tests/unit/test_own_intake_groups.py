@@ -1,8 +1,9 @@
 """A learner takes from its own rollout service only well-formed groups, over a real in-process SEE exchange:
-a sample index beyond G is refused; the first valid row of a (prompt, sample) wins; a copy with the same weights
-version but other content is dead-lettered as a conflict and logged as an error; a repeat, or a sample drawn again
-with newer weights after a restart, is acknowledged and counted; late and over-long rows are dead-lettered with
-their reasons and logged. Nothing refused is trained on, and nothing refused stays pending."""
+a sample index beyond G is refused; two differing copies of a (prompt, sample) — forged first or not, whatever their
+weights versions — both fail closed (dead-lettered as conflicts, an error naming both); a copy stamped with weights
+never published is refused; a copy arriving after its step was trained is compared with the trained row; a
+byte-identical repeat is acknowledged and counted; late and over-long rows are dead-lettered with their reasons and
+the fields that decided them, and logged. Nothing refused is trained on, and nothing refused stays pending."""
 
 from __future__ import annotations
 
@@ -60,26 +61,64 @@ def test_a_sample_index_beyond_the_group_or_a_wrong_group_size_is_refused(setup)
     assert dead_letters(ex).count("own_bad_group") == 2
 
 
-def test_the_first_valid_row_wins_and_a_conflicting_copy_is_dead_lettered_and_logged(setup, caplog):
+def test_a_forged_first_copy_and_the_real_one_both_fail_closed_loudly(setup, caplog):
     ex, sub, intake = setup
-    ex.publish(rollout(index=0, tokens=(5, 5)), "a", 1)  # first (a forgery made with the service's key, say)
-    ex.publish(rollout(index=0, tokens=(3,)), "a", 1)  # the same sample and weights version, other content
+    forged = ex.publish(rollout(index=0, tokens=(5, 5)), "a", 1)  # first: a forgery made with the service's key
+    real = ex.publish(rollout(index=0, tokens=(3,)), "a", 1)  # the same sample and weights version, other content
+    ex.publish(rollout(index=0, tokens=(4,)), "a", 1)  # a third copy of the conflicted sample
+    ex.publish(rollout(index=1), "a", 1)
     with caplog.at_level(logging.WARNING, logger="mutualrl.learner.own"):
         got, totals = collect(intake, expected=2)
-    assert [list(r.payload.token_ids) for r in got] == [[5, 5]]
-    assert totals["own_rejected:conflict"] == 1 and totals["own_duplicate"] == 0
-    assert dead_letters(ex) == ["own_conflict"]
-    assert any(r.levelno == logging.ERROR and "conflicts" in r.getMessage() for r in caplog.records)
+    assert [r.payload.sample_index for r in got] == [1]  # neither copy of sample 0 is trained
+    assert totals["own_rejected:conflict"] == 3 and totals["own_duplicate"] == 0
+    assert dead_letters(ex) == ["own_conflict"] * 3
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and forged in errors[0].getMessage() and real in errors[0].getMessage()
+    assert errors[0].fields["producers"] == ["a"] and errors[0].fields["reason"] == "conflict"
 
 
-def test_a_repeat_or_a_resample_with_newer_weights_is_a_duplicate_not_a_conflict(setup):
+def test_a_resample_with_newer_weights_is_a_conflict_and_a_byte_identical_redelivery_a_duplicate(setup):
     ex, sub, intake = setup
     ex.publish(rollout(index=0, tokens=(3,)), "a", 1)
-    ex.publish(rollout(index=0, tokens=(3,)), "a", 1)  # republished after a restart: the same sample
-    ex.publish(rollout(index=0, tokens=(4,)), "a", 2)  # sampled again after a restart, with newer weights
+    ex.publish(rollout(index=0, tokens=(3,)), "a", 1)  # republished: byte for byte the same sample
+    ex.publish(rollout(index=1, tokens=(3,)), "a", 1)
+    ex.publish(rollout(index=1, tokens=(4,)), "a", 2)  # sampled again with newer weights: other content
+    got, totals = collect(intake, expected=2)
+    assert [r.payload.sample_index for r in got] == [0]  # trained once
+    assert totals["own_duplicate"] == 1 and totals["own_rejected:conflict"] == 2
+    assert dead_letters(ex) == ["own_conflict"] * 2
+
+
+def test_a_copy_stamped_with_weights_never_published_is_refused(setup):
+    ex, sub, intake = setup
+    intake.newest_version = lambda: 2
+    ex.publish(rollout(index=0), "a", 99)  # a version the learner never published
+    bad = rollout(index=1)
+    bad.weights_step = 3  # the weights of the step being trained: not published yet
+    ex.publish(bad, "a", 2)
+    ex.publish(rollout(index=2), "a", 2)
     got, totals = collect(intake, expected=3)
-    assert len(got) == 1 and totals["own_duplicate"] == 2 and not totals["own_rejected:conflict"]
-    assert dead_letters(ex) == []
+    assert [r.payload.sample_index for r in got] == [2]
+    assert totals["own_rejected:unknown_version"] == 2
+    assert dead_letters(ex) == ["own_unknown_version"] * 2
+    detail = [e.data.split(b"\x00", 4)[3] for e in ex.broker.recent(dead_letter_stream(NS), 100)]
+    assert any(b'"newest_published": 2' in d for d in detail), detail
+
+
+def test_a_copy_that_arrives_after_its_step_was_trained_is_compared_with_the_trained_row(setup, caplog):
+    ex, sub, intake = setup
+    ex.publish(rollout(index=0, tokens=(5, 5)), "a", 1)  # a forgery that won the race: trained at step 3
+    got, _ = collect(intake, expected=1)
+    assert len(got) == 1
+    ex.publish(rollout(index=0, tokens=(3,)), "a", 1)  # the real copy, after step 3 was trained
+    ex.publish(rollout(index=0, tokens=(5, 5)), "a", 1)  # the trained one, redelivered
+    ex.publish(rollout(step=4, index=0), "a", 1)
+    with caplog.at_level(logging.WARNING, logger="mutualrl.learner.own"):
+        got, totals = collect(intake, expected=1, step=4)
+    assert [r.payload.step for r in got] == [4]
+    assert totals["own_rejected:conflict"] == 1 and totals["own_duplicate"] == 1
+    assert dead_letters(ex) == ["own_conflict"]
+    assert any(r.levelno == logging.ERROR and "may have been trained" in r.getMessage() for r in caplog.records)
 
 
 def test_late_and_over_long_rows_are_dead_lettered_with_their_reasons_and_nothing_stays_pending(setup, caplog):

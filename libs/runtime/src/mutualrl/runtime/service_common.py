@@ -52,13 +52,18 @@ class JsonFormatter(logging.Formatter):
 
 
 def service_logger(service: str) -> logging.Logger:
-    """A service's logger: one JSON object a line on stdout, named after the service."""
+    """A service's logger: one JSON object a line on stdout, named after the service. The libraries' loggers
+    (``mutualrl.*``: the own and peer intakes, the weights handshake, ...) write through the same formatter, so
+    every line a service prints has its level, time, service and fields — not Python's bare last-resort text
+    (which also drops everything below WARNING)."""
+    for name in (f"mutualrl.{service}", "mutualrl"):
+        log = logging.getLogger(name)
+        log.setLevel(logging.INFO)
+        if not log.handlers:
+            h = logging.StreamHandler(sys.stdout)
+            h.setFormatter(JsonFormatter(service))
+            log.addHandler(h)
     log = logging.getLogger(f"mutualrl.{service}")
-    log.setLevel(logging.INFO)
-    if not log.handlers:
-        h = logging.StreamHandler(sys.stdout)
-        h.setFormatter(JsonFormatter(service))
-        log.addHandler(h)
     log.propagate = False
     return log
 

@@ -124,7 +124,7 @@ class Learner:
         self.own_intake = OwnIntake(policy, self.own, tokenizer, _context_limit(self.model.config),
                                     self.model.get_input_embeddings().num_embeddings,
                                     max_lag=settings.staleness.max_staleness if settings.staleness.pipelined else None,
-                                    group_size=settings.group_size)
+                                    group_size=settings.group_size, newest_version=lambda: self.weights.version)
         # what to read from peers, how to use it
         self.mode = make_mode(policy, settings.algorithm, settings.sharing, settings.max_new_tokens)
         self.mode.is_cap = settings.staleness.is_cap

@@ -16,7 +16,7 @@ PEER_REJECTION_REASONS = (
     "unknown_tokenizer", "invalid_stats", "duplicate_stats", "thl_unaligned", "thl_roundtrip",
 )
 OWN_REJECTION_REASONS = ("unknown_prompt", "malformed", "too_long", "bad_token", "bad_group", "too_stale", "late",
-                         "conflict")
+                         "conflict", "unknown_version")
 OWN_EVENTS = ("duplicate", "rescored")
 """Own rollouts used but worth counting: a repeat acknowledged (``duplicate``), a claimed reward corrected."""
 EDGE_EVENTS = ("offered", "used", "stale", "thl_rejected", "rescues")

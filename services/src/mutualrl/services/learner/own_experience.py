@@ -4,6 +4,8 @@ the learner's own verifier, and turned into training rows under the wire's field
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections import Counter
@@ -18,25 +20,38 @@ from mutualrl.tasks import Problem, Verifier
 log = logging.getLogger("mutualrl.learner.own")
 
 
-def _same_sample(a: Received, b: Received) -> bool:
-    """Whether two rollouts say they sampled the same thing: prompt and completion ids and their log-probs.
-    Compared only when a (prompt, sample) arrives twice, never for every row."""
-    pa, pb = a.payload, b.payload
-    return (list(pa.prompt_token_ids) == list(pb.prompt_token_ids) and list(pa.token_ids) == list(pb.token_ids)
-            and list(pa.logprobs) == list(pb.logprobs))
+TRAINED_WINDOW = 16
+"""Steps whose trained rows an intake remembers (their digests), so a copy arriving after its step was trained is
+compared with what was trained: a differing one is a conflict, found late but loudly."""
+
+
+def sample_digest(r: Received) -> bytes:
+    """What a rollout says it sampled, bit for bit: its weights version and payload (a byte-identical redelivery
+    has the same digest; any other content, a different one)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(str(r.envelope.weights_version).encode())
+    h.update(r.payload.SerializeToString(deterministic=True))
+    return h.digest()
 
 
 class OwnIntake:
-    """One policy's own ``Rollout`` messages, step by step. Rollouts of later steps wait in
-    :attr:`buffer`. A step's groups must be well formed: one row per (prompt, sample index), the index below
-    the group size G, and the first valid row wins. A refused row is dead-lettered with its reason
-    (``own_<reason>``) and logged; a repeat of a row (a restarted rollout service publishes a step again) is
-    acknowledged and counted; a row that claims a sample already taken with the same weights version but other
-    content is a forgery or a broken producer: dead-lettered as ``own_conflict`` and logged as an error. All of
-    it is counted in the learner's ``totals`` under ``own_*``."""
+    """One policy's own ``Rollout`` messages, step by step, trusting nothing the rollout key can forge.
+
+    Rollouts of later steps wait in :attr:`buffer`. A step's groups must be well formed: one row per (prompt,
+    sample index), the index below the group size G, sampled with weights the learner published (a version it
+    never published, or weights of a step it has not trained, is ``unknown_version``). **Two copies of a sample
+    fail closed** (docs/architecture.md, "Threat model"): a holder of the rollout service's key is
+    indistinguishable from the service, so when two valid copies of one (prompt, sample) differ — whatever their
+    order, weights version or step — neither is trained: both are dead-lettered as ``own_conflict`` and an error
+    names both message ids and the producer. A copy that arrives after its step was trained is compared with the
+    trained row's digest (:data:`TRAINED_WINDOW` steps back): differing, it is a conflict too (the alert fires,
+    even though the first copy was trained). A byte-identical redelivery is acknowledged and counted
+    (``own_duplicate``), nothing more. Every refusal is dead-lettered with its reason (``own_<reason>``) and the
+    fields that decided it, logged, and counted in the learner's ``totals`` under ``own_*``."""
 
     def __init__(self, policy: str, subscription, tokenizer: PreTrainedTokenizerBase, context_limit: int,
-                 vocab_size: int, *, max_lag: int | None = None, group_size: int | None = None):
+                 vocab_size: int, *, max_lag: int | None = None, group_size: int | None = None,
+                 newest_version: Callable[[], int] | None = None):
         self.policy = policy
         self.group_size = group_size  # G: sample indices run 0..G-1 (None: not checked)
         self.sub = subscription
@@ -46,41 +61,28 @@ class OwnIntake:
         # pipelined sampling (docs/algorithms.md §6): a rollout of step t sampled with the weights of a step before
         # t−1−max_lag is refused (``too_stale``); None checks nothing (sampling waits for each version)
         self.max_lag = max_lag
+        self.newest_version = newest_version  # the newest weights version the learner published (None: unchecked)
         self.buffer: list[Received] = []  # own rollouts of future steps
+        # (step, prompt, sample) -> (message id, digest) of the rows trained in the last TRAINED_WINDOW steps
+        self.trained: dict[tuple[int, str, int], tuple[str, bytes]] = {}
 
     def collect(self, step: int, expected: int, deadline: float, problems: dict[str, Problem], totals: Counter,
                 not_consumed: Callable[[list[Received]], list[Received]], while_waiting: Callable[[],
                     None] | None = None) -> list[Received]:
-        """This step's own rollouts, until ``expected`` *usable* ones arrived or the deadline:
-        each is checked as it comes (:meth:`problem`) and one per (prompt, sample index) counts —
-        a restarted rollout server may publish a step's sample again under new ids — so a refused
-        or repeated message never takes the place of a real one. ``not_consumed`` drops what a
+        """This step's own rollouts, until every one of its ``expected`` samples is settled — taken, or lost to a
+        conflict — or the deadline: each is checked as it comes (:meth:`problem`). Returns the rows to train,
+        which the intake remembers (their digests) for comparison with late copies. ``not_consumed`` drops what a
         checkpoint already covers."""
-        have: list[Received] = []
-        seen: dict[tuple[str, int], Received] = {}  # (prompt, sample) -> the row taken for it
+        have: dict[tuple[str, int], Received] = {}  # (prompt, sample) -> the row taken for it
+        conflicted: dict[tuple[str, int], str] = {}  # (prompt, sample) -> the message id first taken for it
 
         def admit(rows: list[Received]) -> None:
-            copies = []
-            for r in rows:
-                reason = self.problem(r.payload, problems) or self._too_stale(r.payload, step)
-                key = (r.payload.prompt_id, r.payload.sample_index)
-                if reason is not None:
-                    self._refuse(r, reason, totals)
-                elif key not in seen:
-                    seen[key] = r
-                    have.append(r)
-                elif seen[key].envelope.weights_version != r.envelope.weights_version or _same_sample(seen[key], r):
-                    copies.append(r)  # the same sample again, or sampled again after a restart with newer weights
-                else:
-                    self._refuse(r, "conflict", totals)
-            if copies:
-                self.sub.ack(copies)
-                totals["own_duplicate"] += len(copies)
+            self._admit(rows, step, problems, totals, have, conflicted)
 
         admit([r for r in self.buffer if r.payload.step == step])
         self.buffer[:] = [r for r in self.buffer if r.payload.step > step]
         stale: list[Received] = []
-        while len(have) < expected:
+        while len(have) + len(conflicted) < expected:
             if while_waiting is not None:
                 while_waiting()
             remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
@@ -92,28 +94,114 @@ class OwnIntake:
             if not got and remaining_ms == 0:
                 break
         self._drop_stale(stale, totals)
-        return have
+        taken = list(have.values())
+        self._remember(step, taken)
+        return taken
 
-    def _refuse(self, r: Received, reason: str, totals: Counter) -> None:
-        """Dead-letter one own rollout with its reason, count it and say so in the log."""
+    def _admit(self, rows: list[Received], step: int, problems: dict[str, Problem], totals: Counter,
+               have: dict[tuple[str, int], Received], conflicted: dict[tuple[str, int], str]) -> None:
+        """Check each of ``rows`` and take it into ``have``, or refuse it; two differing copies of a sample move it
+        to ``conflicted`` (neither is trained)."""
+        copies = []
+        for r in rows:
+            reason = self.problem(r.payload, problems) or self._too_stale(r.payload, step) or self._unknown(r)
+            key = (r.payload.prompt_id, r.payload.sample_index)
+            if reason is not None:
+                self._refuse(r, reason, totals)
+            elif key in conflicted:
+                self._conflict([r], conflicted[key], totals)
+            elif key not in have:
+                have[key] = r
+            elif sample_digest(have[key]) == sample_digest(r):
+                copies.append(r)  # the same message content again (a redelivery, a republished step)
+            else:
+                first = have.pop(key)
+                conflicted[key] = first.envelope.message_id
+                self._conflict([first, r], first.envelope.message_id, totals)
+        if copies:
+            self.sub.ack(copies)
+            totals["own_duplicate"] += len(copies)
+
+    def _remember(self, step: int, taken: list[Received]) -> None:
+        """The digests of ``step``'s rows (to be trained), kept for TRAINED_WINDOW steps."""
+        for r in taken:
+            p = r.payload
+            self.trained[(step, p.prompt_id, p.sample_index)] = (r.envelope.message_id, sample_digest(r))
+        for key in [k for k in self.trained if k[0] <= step - TRAINED_WINDOW]:
+            del self.trained[key]
+
+    def _refuse(self, r: Received, reason: str, totals: Counter, **fields) -> None:
+        """Dead-letter one own rollout with its reason and deciding fields, count it and log it (a warning)."""
         p = r.payload
-        detail = (f"step {p.step} prompt {p.prompt_id} sample {p.sample_index} of {p.group_size}, weights version "
-                  f"{r.envelope.weights_version}")
-        self.sub.refuse([r], f"own_{reason}", detail)
+        detail = {"step": p.step, "prompt_id": p.prompt_id, "sample_index": p.sample_index,
+                  "group_size": p.group_size, "weights_version": r.envelope.weights_version,
+                  "weights_step": p.weights_step, **self._deciding(r, reason), **fields}
+        self.sub.refuse([r], f"own_{reason}", json.dumps(detail))
         totals[f"own_rejected:{reason}"] += 1
-        if reason == "conflict":
-            log.error("own rollout %s conflicts with the one already taken for the same sample and weights version "
-                      "(a forged or broken rollout service): dead-lettered", r.envelope.message_id,
-                      extra={"fields": {"reason": reason, "detail": detail}})
-        else:
-            log.warning("own rollout %s refused (%s): dead-lettered", r.envelope.message_id, reason,
-                        extra={"fields": {"reason": reason, "detail": detail}})
+        log.warning("own rollout %s refused (%s): dead-lettered", r.envelope.message_id, reason,
+                    extra={"fields": {"policy": self.policy, "reason": reason, "message_id": r.envelope.message_id,
+                                      "producer": r.envelope.producer, **detail}})
+
+    def _deciding(self, r: Received, reason: str) -> dict:
+        """The fields that decided a refusal, beyond the row's identity."""
+        p = r.payload
+        if reason == "too_long":
+            return {"length": len(p.prompt_token_ids) + len(p.token_ids), "limit": self.context_limit}
+        if reason == "bad_token":
+            return {"vocab_size": self.vocab_size}
+        if reason == "unknown_version":
+            return {"newest_published": self.newest_version() if self.newest_version is not None else None}
+        if reason == "too_stale":
+            return {"max_lag": self.max_lag}
+        if reason == "malformed":
+            return {"tokens": len(p.token_ids), "logprobs": len(p.logprobs)}
+        return {}
+
+    def _conflict(self, rows: list[Received], first_id: str, totals: Counter, trained_at: int | None = None) -> None:
+        """Copies of one sample that differ: every one dead-lettered as ``own_conflict``, one error naming them all
+        and the producer (a forged or broken rollout service: the conflict alert fires)."""
+        p = rows[0].payload
+        ids = sorted({first_id, *(r.envelope.message_id for r in rows)})
+        fields = {"policy": self.policy, "reason": "conflict", "step": p.step, "prompt_id": p.prompt_id,
+                  "sample_index": p.sample_index, "message_ids": ids,
+                  "producers": sorted({r.envelope.producer for r in rows}),
+                  "weights_versions": sorted({r.envelope.weights_version for r in rows})}
+        for r in rows:
+            self.sub.refuse([r], "own_conflict", json.dumps(fields))
+            totals["own_rejected:conflict"] += 1
+        what = (f"was trained at step {trained_at}: one of them is forged (a holder of the rollout key), so a forged "
+                "row may have been trained") if trained_at is not None else "neither is trained (failed closed)"
+        log.error("own rollouts %s are different copies of step %s prompt %s sample %s from %s: %s", ", ".join(ids),
+                  p.step, p.prompt_id, p.sample_index, "/".join(fields["producers"]), what,
+                  extra={"fields": fields})
 
     def _drop_stale(self, stale: list[Received], totals: Counter) -> None:
-        """Rollouts of a step already trained (they arrived late: a slow or restarted rollout service):
-        dead-lettered as ``own_late``, counted and logged."""
+        """Rollouts of a step already trained (they arrived late: a slow or restarted rollout service): the same
+        content as the trained row is a duplicate, other content a conflict with it; one of a sample never
+        trained is dead-lettered as ``own_late``."""
+        copies = []
         for r in stale:
-            self._refuse(r, "late", totals)
+            p = r.payload
+            trained = self.trained.get((p.step, p.prompt_id, p.sample_index))
+            if trained is None:
+                self._refuse(r, "late", totals)
+            elif trained[1] == sample_digest(r):
+                copies.append(r)
+            else:
+                self._conflict([r], trained[0], totals, trained_at=p.step)
+        if copies:
+            self.sub.ack(copies)
+            totals["own_duplicate"] += len(copies)
+
+    def _unknown(self, r: Received) -> str | None:
+        """``unknown_version`` when the rollout claims weights its learner never published: a version newer than
+        its newest, or the weights of a step it has not trained (step t is sampled with weights of t−1 at most)."""
+        p = r.payload
+        if self.newest_version is not None and r.envelope.weights_version > self.newest_version():
+            return "unknown_version"
+        if int(p.weights_step) >= int(p.step):
+            return "unknown_version"
+        return None
 
     def _too_stale(self, p, step: int) -> str | None:
         """``too_stale`` when the rollout's weights are more than ``max_lag`` steps behind the learner's (which

@@ -5,7 +5,7 @@ Bounded staleness (docs/algorithms.md §6): step t is sampled only once the lear
 step t−1−k (``async.max_staleness: k``; k = 0 alternates strictly) and the newest weights version
 it published is loaded (the engine serves nothing for a version it has not finished loading), so
 with k > 0 the next steps are sampled while the learner trains. After a restart it resumes at the
-learner's next step, or past the last step its ledger recorded when sampling runs ahead; with the
+learner's next step, or past the last step its ledger recorded (never sampling a step twice); with the
 collective transport, a version broadcast before it rejoined is asked for again (an
 ``awaiting_weights`` heartbeat) rather than sampled past.
 """
@@ -39,11 +39,14 @@ def _tls(launcher) -> tuple[bytes, bytes] | None:
     return None
 
 
-def _resume_step(learner_step: int, ledger: Path, pipelined: bool) -> int:
-    """The step to sample first: the learner's next one; when sampling runs ahead of training, past the last step
-    this service's ledger says it published (those rollouts wait in the stream for the learner)."""
+def _resume_step(learner_step: int, ledger: Path) -> int:
+    """The step to sample first: the learner's next one, or past the last step this service's ledger says it
+    published (those rollouts wait in the stream for the learner). A step is never sampled twice: the learner
+    takes two different copies of a sample as a conflict and trains neither (docs/architecture.md, "Threat
+    model"); only a step whose ledger line a crash lost is sampled again — with the same seed and weights, so
+    the same samples (duplicates, not conflicts), unless the weights moved on meanwhile."""
     step = learner_step + 1
-    if pipelined and ledger.is_file():
+    if ledger.is_file():
         for line in ledger.read_text().splitlines():
             try:
                 step = max(step, int(json.loads(line)["step"]) + 1)
@@ -116,7 +119,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
     distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
     shard = shard_from_env()  # replica i of n samples prompts i, i+n, ... of every step
     ledger_path = ctx.state_dir / f"{p.name}.rollout{shard.suffix}.ledger.jsonl"
-    step = _resume_step(ctx.last_step("learner"), ledger_path, cfg.async_.pipelined)
+    step = _resume_step(ctx.last_step("learner"), ledger_path)
     ledger = ledger_path.open("a")
     ahead = cfg.async_.max_staleness
     log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step,
