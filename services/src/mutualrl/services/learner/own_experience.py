@@ -183,7 +183,10 @@ class OwnIntake:
         for r in stale:
             p = r.payload
             trained = self.trained.get((p.step, p.prompt_id, p.sample_index))
-            if trained is None:
+            invalid = self._unknown(r)  # an impossible copy says nothing about the trained row: refused as such
+            if invalid is not None:
+                self._refuse(r, invalid, totals)
+            elif trained is None:
                 self._refuse(r, "late", totals)
             elif trained[1] == sample_digest(r):
                 copies.append(r)
