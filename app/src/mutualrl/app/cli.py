@@ -17,7 +17,8 @@ from rich.console import Console
 
 from mutualrl.config import ConfigError, load_config
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# rich_markup_mode None: a docstring's hard wraps are joined into paragraphs (rich mode prints them as they are)
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Mutual RL: heterogeneous policies learning together.")
 err = Console(stderr=True)
 out = Console()
@@ -216,7 +217,8 @@ def watch(path: Path = typer.Argument(..., help="A run's output directory (or a 
     raise typer.Exit(code)
 
 
-serve_app = typer.Typer(no_args_is_help=True, help="Run one service (started by `mutualrl up`).")
+serve_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Run one service (started by `mutualrl up`).")
 app.add_typer(serve_app, name="serve")
 
 
@@ -306,7 +308,7 @@ def compare(
     out.print(f"[bold]report[/] → {target / 'report.md'} ({target / 'results.json'})")
 
 
-models_app = typer.Typer(no_args_is_help=True,
+models_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                          help="Real pretrained models, converted into local Hugging Face folders (no hub needed).")
 app.add_typer(models_app, name="models")
 
@@ -389,7 +391,8 @@ def models_list(cache: Optional[Path] = typer.Option(None, "--cache", help="Cach
                   highlight=False, soft_wrap=True)
 
 
-mwra_app = typer.Typer(no_args_is_help=True, help="MWRA: GPU planning for heterogeneous policies.")
+mwra_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                       help="MWRA: GPU planning for heterogeneous policies.")
 app.add_typer(mwra_app, name="mwra")
 
 
@@ -513,11 +516,12 @@ def compose(
     out.print(f"wrote {out_file} and {prometheus_file}")
 
 
-see_app = typer.Typer(no_args_is_help=True, help="Shared Experience Exchange tools.")
+see_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Shared Experience Exchange tools.")
 app.add_typer(see_app, name="see")
 
 
-redis_app = typer.Typer(no_args_is_help=True, help="The Redis a run uses: its per-service users.")
+redis_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="The Redis a run uses: its per-service users.")
 app.add_typer(redis_app, name="redis")
 
 
@@ -613,7 +617,7 @@ def see_keys_cmd(
             typer.echo(f"{key_env(f'{p}.{r}')}={derive_key(run_key, f'{p}.{r}').decode()}")
 
 
-thl_app = typer.Typer(no_args_is_help=True, help="Tokenizer Heterogeneity Layer tools.")
+thl_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Tokenizer Heterogeneity Layer tools.")
 app.add_typer(thl_app, name="thl")
 
 
