@@ -24,7 +24,11 @@ def test_simulate_json(tmp_path):
     doc = json.loads(p.stdout)
     assert set(doc["strategies"]) == {"equal", "proportional", "mwra", "best_static"}
     for s in doc["strategies"].values():
-        assert {"makespan_over_lower_bound", "utilisation", "replans", "partial_gang_gpu_seconds"} <= set(s)
+        assert {"makespan_over_lower_bound", "makespan_over_gang_bound", "gang_lower_bound_s", "utilisation",
+                "replans", "partial_gang_gpu_seconds"} <= set(s)
+        # the gang-aware bound is at least the plain one, so a makespan is nearer to it
+        assert s["gang_lower_bound_s"] >= s["lower_bound_s"] - 1e-9
+        assert s["makespan_over_gang_bound"] <= s["makespan_over_lower_bound"] + 1e-9
     assert doc["strategies"]["mwra"]["partial_gang_gpu_seconds"] == 0
     assert (tmp_path / "p.png").stat().st_size > 1000
     p = subprocess.run([*CLI, "mwra", "simulate", "--policies", "5", "--gpus", "40", "--steps", "20", "--json",

@@ -121,6 +121,8 @@ class SimResult:
         return {
             "makespan_s": self.makespan_s, "lower_bound_s": self.lower_bound_s,
             "makespan_over_lower_bound": self.makespan_over_lower_bound,
+            # the plain bound ignores that a policy's GPUs come in gangs; the gang-aware one is what a plan can reach
+            "gang_lower_bound_s": self.gang_lower_bound_s, "makespan_over_gang_bound": self.makespan_over_gang_bound,
             "utilisation": self.utilisation, "max_step_s": self.max_step_s, "min_step_s": self.min_step_s,
             "peer_lag_steps": self.peer_lag_steps,
             "replans": self.replans, "partial_gang_gpu_seconds": self.partial_gang_gpu_seconds,
