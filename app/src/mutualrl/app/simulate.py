@@ -6,7 +6,8 @@ from pathlib import Path
 
 from mutualrl.services.mwra.simulator import SimResult, build_scenario, compare
 
-COLUMNS = ("makespan/LB", "makespan/gang LB", "util", "max step", "min step", "peer lag", "re-plans", "partial GPU-s", "no progress")
+COLUMNS = ("makespan/LB", "makespan/gang LB", "util", "max step", "min step", "peer lag", "re-plans", "partial GPU-s",
+           "no progress")
 
 
 def simulate(policies: int, gpus: int, cost_ratio: float, seed: int, steps: int, drift: float,
@@ -32,7 +33,8 @@ def table_rows(results: dict[str, SimResult | None]) -> list[list[str]]:
             continue
         ratio = "stalled" if r.makespan_over_lower_bound is None else f"{r.makespan_over_lower_bound:.3f}"
         gang = r.makespan_over_gang_bound
-        rows.append([name, ratio, "stalled" if gang is None else f"{gang:.3f}", f"{r.utilisation:.1%}", f"{r.max_step_s:.1f}s", f"{r.min_step_s:.1f}s",
+        rows.append([name, ratio, "stalled" if gang is None else f"{gang:.3f}",
+                     f"{r.utilisation:.1%}", f"{r.max_step_s:.1f}s", f"{r.min_step_s:.1f}s",
                      str(r.peer_lag_steps), str(r.replans),
                      f"{r.partial_gang_gpu_seconds:.0f}", f"{r.longest_no_progress_s:.0f}s"])
     return rows
