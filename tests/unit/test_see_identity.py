@@ -55,8 +55,8 @@ def test_keys_round_trip_through_the_environment_and_bad_items_are_named():
     assert parse_keys(format_keys(keys)) == keys
     with pytest.raises(ValueError, match="expected service=key"):
         parse_keys("a.rollout=abc,b.rollout")
-    assert Keyring.from_env(None, {}) is None
-    ring = Keyring.from_env(None, {"MUTUALRL_SEE_KEYS": format_keys(keys)})
+    assert parse_keys("") == {}
+    ring = Keyring(parse_keys(format_keys(keys)))
     assert ring.key("a.rollout") == keys["a.rollout"] and ring.key("b.learner") is None
 
 

@@ -16,7 +16,6 @@ The derivation is plain SHA-256 over text so a Helm template (``sha256sum``) com
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Mapping
 
 ROLE_KINDS = {
@@ -101,12 +100,6 @@ class Keyring:
     def __init__(self, keys: Mapping[str, bytes] | None = None, run_key: str | bytes | None = None):
         self.keys = dict(keys or {})
         self.run_key = run_key
-
-    @classmethod
-    def from_env(cls, run_key: str | bytes | None = None, environ: Mapping[str, str] = os.environ) -> "Keyring | None":
-        """The keys in :data:`SEE_KEYS_ENV` plus ``run_key``; None when there are neither (unsigned)."""
-        keys = parse_keys(environ.get(SEE_KEYS_ENV, ""))
-        return cls(keys, run_key) if keys or run_key else None
 
     def key(self, service: str) -> bytes | None:
         """The signing key of ``service``: given, or derived from the run key; None when neither is known."""

@@ -10,7 +10,6 @@ from mutualrl.weights.transport import (
     TensorManifest,
     WeightReceiver,
     WeightSender,
-    WeightTransport,
     collective_uri,
     hf_receiver,
     hf_sender,
@@ -20,6 +19,6 @@ from mutualrl.weights.transport import (
 )
 
 __all__ = ["COLLECTIVE_SCHEME", "CollectiveReceiver", "CollectiveSender", "GroupChannel", "TensorManifest",
-           "WeightReceiver", "WeightSender", "WeightStore", "WeightTransport", "collective_uri", "hf_receiver",
+           "WeightReceiver", "WeightSender", "WeightStore", "collective_uri", "hf_receiver",
            "hf_sender",
            "parse_collective_uri", "tensor_checksum", "verify_checksum", "weight_group"]

@@ -119,10 +119,6 @@ class WeightReceiver(Protocol):
         """The engine serves ``version``: older versions may go."""
 
 
-class WeightTransport(WeightSender, WeightReceiver, Protocol):
-    """Both halves in one object: the filesystem store (a directory, or memory in an embedded run)."""
-
-
 def tensor_checksum(state: dict[str, torch.Tensor]) -> str:
     """SHA-256 over names and raw bytes in name order (the filesystem store's checksum). The bytes are hashed
     through the buffer protocol, not copied into a ``bytes`` first."""

@@ -130,15 +130,6 @@ class InMemoryBackend(Backend):
         for key in [k for k in self.gangs if k[0] == run]:
             del self.gangs[key]
 
-    def lose_node(self, name: str) -> None:
-        """Simulate a node failure: the node and every gang with a pod on it go."""
-        del self._nodes[name]
-        self._events.append(BackendEvent("node_lost", detail=name))
-        for (run, policy), g in list(self.gangs.items()):
-            if any(p.node == name for p in g["placements"]):
-                del self.gangs[(run, policy)]  # the whole gang goes: never a partial one
-                self._events.append(BackendEvent("gang_evicted", run, policy, f"node {name} lost"))
-
     @override
     def poll(self) -> list[BackendEvent]:
         out, self._events = self._events, []
