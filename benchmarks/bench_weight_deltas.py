@@ -1,9 +1,14 @@
 """How much of a bf16 engine's weights one learner step changes: the fraction of bf16 values that differ between
 two consecutive published versions, per tensor class, and the bytes of the delta `weights.deltas` sends
-(mutualrl.weights.deltas: per tensor, int32 gaps between changed positions + bf16 values, zlib level 1) against a
-whole bf16 version (#43, item 5; docs/algorithms.md §7.3), and the seconds to encode and to rebuild it.
+(mutualrl.weights.deltas: per tensor, int32 gaps between changed positions as byte planes + bf16 values, zlib
+level 1) against a whole bf16 version (#43, item 5; docs/algorithms.md §7.3), and the seconds to encode and to rebuild it.
 
     .venv/bin/python benchmarks/bench_weight_deltas.py OLD/model.safetensors NEW/model.safetensors [--json F]
+    .venv/bin/python benchmarks/bench_weight_deltas.py MODEL/model.safetensors --adam-step LR [--json F]
+
+With ``--adam-step LR`` the new version is the old one after one AdamW step at LR with random gradients: AdamW's
+first step moves every trained value by exactly LR (its bias-corrected m/sqrt(v) is the gradient's sign), the most
+a step at that rate moves it, so the changed fraction is an upper bound for real steps at that rate.
 
 The versions are the learner's fp32 weights (a filesystem-transport run keeps the last two under
 <run>/weights/<policy>/v<N>); each is cast to bf16 as a bf16 engine holds it.
@@ -38,13 +43,30 @@ def tensor_class(name: str) -> str:
     return "other"
 
 
+def adam_step(state: dict[str, torch.Tensor], lr: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``state`` (fp32 masters) after one AdamW step at ``lr`` (no weight decay) with random gradients."""
+    params = {k: torch.nn.Parameter(v.float().clone()) for k, v in state.items()}
+    g = torch.Generator().manual_seed(seed)
+    for p in params.values():
+        p.grad = torch.randn(p.shape, generator=g)
+    torch.optim.AdamW(list(params.values()), lr=lr, weight_decay=0.0).step()
+    return {k: p.detach() for k, p in params.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("old", type=Path)
-    ap.add_argument("new", type=Path)
+    ap.add_argument("new", type=Path, nargs="?")
+    ap.add_argument("--adam-step", type=float, default=None, help="The new version: one AdamW step at this rate.")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    old, new = load_file(str(args.old)), load_file(str(args.new))
+    old = load_file(str(args.old))
+    if args.adam_step is not None:
+        new = adam_step(old, args.adam_step)
+    elif args.new is not None:
+        new = load_file(str(args.new))
+    else:
+        ap.error("give NEW or --adam-step LR")
     classes: dict[str, dict[str, int]] = {}
     full_bytes = delta_raw = delta_bytes = 0
     encode_s = rebuild_s = 0.0
@@ -66,7 +88,8 @@ def main() -> None:
             apply_delta(rebuilt, blob)
             rebuild_s += time.perf_counter() - t0
             assert torch.equal(bits(rebuilt), bits(b16)), name
-    out = {"full_bf16_bytes": full_bytes, "delta_raw_bytes": delta_raw, "delta_bytes": delta_bytes,
+    out = {"new": f"one AdamW step at lr {args.adam_step:g}" if args.adam_step is not None else str(args.new),
+           "full_bf16_bytes": full_bytes, "delta_raw_bytes": delta_raw, "delta_bytes": delta_bytes,
            "delta_share": delta_bytes / full_bytes, "encode_s": encode_s, "rebuild_s": rebuild_s,
            "changed_by_class": {k: {**v, "share": v["changed"] / v["values"]} for k, v in sorted(classes.items())}}
     print(json.dumps(out, indent=2))
