@@ -1,7 +1,8 @@
 """How much of a bf16 engine's weights one learner step changes: the fraction of bf16 values that differ between
 two consecutive published versions, per tensor class, and the bytes of the delta `weights.deltas` sends
 (mutualrl.weights.deltas: per tensor, int32 gaps between changed positions as byte planes + bf16 values, zlib
-level 1) against a whole bf16 version (#43, item 5; docs/algorithms.md §7.3), and the seconds to encode and to rebuild it.
+level 1) against a whole bf16 version (#43, item 5; docs/algorithms.md §7.3), and the seconds to encode and to
+rebuild it.
 
     .venv/bin/python benchmarks/bench_weight_deltas.py OLD/model.safetensors NEW/model.safetensors [--json F]
     .venv/bin/python benchmarks/bench_weight_deltas.py MODEL/model.safetensors --adam-step LR [--json F]
