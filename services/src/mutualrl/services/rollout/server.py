@@ -37,8 +37,9 @@ class RequestError(ValueError):
         self.code = code
 
 
-class RolloutMetrics:
-    """The rollout service's Prometheus metrics for gRPC calls and generation."""
+class ServingMetrics:
+    """The gRPC server's Prometheus series: calls, completions, generate latency and the weights version served
+    (the rollout service's own step series are :class:`~mutualrl.services.rollout.metrics.RolloutMetrics`)."""
     def __init__(self, policy: str, registry: CollectorRegistry):
         self.policy = policy
         self.requests = Counter("mutualrl_rollout_requests", "RolloutService calls by method and status code.",
@@ -118,7 +119,7 @@ class RolloutServicer(rgrpc.RolloutServiceServicer):
         self.prompt_style = prompt_style
         self.limits = {"max_prompts": max_prompts, "max_n": max_n, "max_new_tokens": max_new_tokens}
         self.registry = registry or CollectorRegistry()
-        self.metrics = RolloutMetrics(policy, self.registry)
+        self.metrics = ServingMetrics(policy, self.registry)
         self.metrics.version.labels(policy, "rollout").set(engine.info().weights_version)
 
     def _abort(self, context: grpc.ServicerContext, method: str, err: RequestError):
