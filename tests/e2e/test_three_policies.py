@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from mutualrl.app.cli import app
@@ -51,6 +52,7 @@ def test_three_policies_under_a_sharing_graph_run_embedded(tmp_path):
     _check([json.loads(line) for line in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()])
 
 
+@pytest.mark.slow  # the same graph runs embedded above in `make test`; services of two policies in test_services_up
 def test_three_policies_under_a_sharing_graph_run_as_services(tmp_path):
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "mutualrl.app.cli", "up", str(CONFIG), "--out", str(out)]

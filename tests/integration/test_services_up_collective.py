@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from test_services_up import _finish, _ledgers, _start, _wait_for_step
 
 COLLECTIVE = "weights.transport=collective"
@@ -51,6 +52,7 @@ def test_weights_are_broadcast_into_the_rollout_engines(tmp_path):
     assert "hosting the weight group" in learner_log
 
 
+@pytest.mark.slow  # the missed-broadcast test below keeps a restart under the collective transport in `make test`
 def test_a_killed_learner_and_a_killed_rollout_service_meet_again_at_the_next_version(tmp_path):
     out = tmp_path / "run"
     proc = _start(out, 6, COLLECTIVE, "launcher.rollout_deadline_s=20")
@@ -88,7 +90,7 @@ def test_a_rollout_service_that_missed_a_broadcast_asks_for_the_weights_again(tm
     assert _rollout_versions(out, "qwen-bpe") == [0, 1, 3, 4]
     assert _rollout_versions(out, "llama-char") == [0, 1, 2, 3]
     rollout_log = (out / "logs" / "qwen-bpe.rollout.log").read_text()
-    assert "asking the learner to send it again" in rollout_log
+    assert "asking the learner to send the weights again" in rollout_log
     assert "weights asked for again by the rollout service" in (out / "logs" / "qwen-bpe.learner.log").read_text()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     mine = [r for r in records if r["policy"] == "qwen-bpe" and r.get("phase") != "warm_start"]

@@ -6,12 +6,14 @@ import json
 import os
 import signal
 
+import pytest
 import torch
 from test_services_up import _finish, _ledgers, _start, _wait_for_step
 
 SHARDED = "policies.llama-char.resources.learner_gpus=2"
 
 
+@pytest.mark.slow  # a minute of two ranks under `up`; the sharded learner itself is in test_fsdp_learner.py
 def test_a_two_rank_learner_trains_checkpoints_and_resumes_under_up(tmp_path):
     out = tmp_path / "run"
     proc = _start(out, 5, SHARDED)
