@@ -190,6 +190,9 @@ def measure(args) -> dict:
             f"budget.group_size={args.group}", f"budget.max_new_tokens={args.max_new_tokens}",
             f"policies.smollm2.optim.lr={args.lr}",
             "eval.every=100000", "eval.size=8",
+            # `run` saves its state once, at the end; `up` checkpoints every step by default (1.6 GB for SmolLM2):
+            # the same work is one checkpoint, at the end, for both
+            f"checkpoint.every={args.steps}",
             f"policies.smollm2.model.dtype={'bf16-mixed' if args.dtype == 'bf16' else 'float32'}"]
     if args.micro_batch:
         sets.append(f"algorithm.micro_batch_rows={args.micro_batch}")
