@@ -163,22 +163,15 @@ class DeltaReceiver:
         self.inner = inner
         self._current: Callable[[], dict[str, torch.Tensor]] | None = None
         self._served: Callable[[], int] | None = None
-        self.last_kind = "full"
 
     def attach(self, current: Callable[[], dict[str, torch.Tensor]], served: Callable[[], int]) -> None:
         """The engine whose tensors deltas are applied to."""
         self._current, self._served = current, served
 
-    @property
-    def last_bytes(self) -> int:
-        """The bytes the wrapped transport read for the last version (0 when it does not say)."""
-        return int(getattr(self.inner, "last_bytes", 0))
-
     def get(self, uri: str, checksum: str | None = None, manifest=None) -> dict[str, torch.Tensor]:
         """A version's tensors: a whole one as sent, a delta rebuilt on the served base."""
         raw = self.inner.get(uri, checksum, manifest)
         if BASE_KEY not in raw:
-            self.last_kind = "full"
             return raw
         if self._current is None or self._served is None:
             raise RuntimeError("a DeltaReceiver got a delta before it was attached to an engine")
@@ -199,7 +192,6 @@ class DeltaReceiver:
             rebuilt = t.detach().clone()
             apply_delta(rebuilt, blob)
             out[name] = rebuilt
-        self.last_kind = "delta"
         return out
 
     def acknowledge(self, policy: str, version: int) -> None:

@@ -211,13 +211,12 @@ class ShmReceiver:
 
     def _map(self, path: Path) -> _Mapping:
         try:
-            st = os.stat(path)
+            inode = os.stat(path).st_ino
         except FileNotFoundError as e:
             raise VersionSuperseded(f"no weights slot at {path}: the learner stopped or restarted (a restarted "
                                     "learner sends its weights again as a new version)") from e
         m = self._maps.get(path)
-        # first use, a restarted learner's recreated slot, or one grown for a larger version (a whole one after deltas)
-        if m is None or m.inode != st.st_ino or m.buf.numel() < st.st_size:
+        if m is None or m.inode != inode:  # first use, or a restarted learner recreated the slot
             m = self._maps[path] = _Mapping.open(path)
         return m
 
@@ -235,7 +234,7 @@ class ShmReceiver:
                                     f"not {version}")
         if checksum and checksum != f"shm:{version}:{nbytes}":
             raise ValueError(f"checksum mismatch for {uri}")
-        if m.buf.numel() < HEADER_BYTES + nbytes:  # the slot grew after it was mapped here
+        if m.buf.numel() < HEADER_BYTES + nbytes:  # the slot grew for a larger version (a whole one after deltas)
             m = self._maps[path] = _Mapping.open(path)
         data = m.buf[HEADER_BYTES:]
         out = {}
