@@ -36,6 +36,7 @@ from mutualrl.runtime.exchange_setup import (
     run_namespace,
 )
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, write_summary
+from mutualrl.runtime.memory import return_freed_memory
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, pass_rate_before_rl, prepare_policy
 from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.see.acl import ServiceUser, acl_file
@@ -129,6 +130,7 @@ class Supervisor:
             out[p.name] = (evaluate(pp, pp.arts.model, task, verifier, cfg), pp.warm_steps, pp.arts.source,
                            pp.arts.num_params, pass_rate_before_rl(pp, task, verifier, cfg, self.echo))
             del pp  # one policy's model in this process at a time
+            return_freed_memory(collect=True)  # and its pages back to the services this process starts next
         return out
 
     def start(self) -> None:

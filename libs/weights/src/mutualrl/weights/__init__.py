@@ -9,6 +9,7 @@ from mutualrl.weights.transport import (
     GroupChannel,
     TensorManifest,
     WeightReceiver,
+    StreamingReceiver,
     WeightSender,
     collective_uri,
     hf_receiver,
@@ -19,6 +20,6 @@ from mutualrl.weights.transport import (
 )
 
 __all__ = ["COLLECTIVE_SCHEME", "CollectiveReceiver", "CollectiveSender", "GroupChannel", "TensorManifest",
-           "WeightReceiver", "WeightSender", "WeightStore", "collective_uri", "hf_receiver",
+           "StreamingReceiver", "WeightReceiver", "WeightSender", "WeightStore", "collective_uri", "hf_receiver",
            "hf_sender",
            "parse_collective_uri", "tensor_checksum", "verify_checksum", "weight_group"]

@@ -15,9 +15,10 @@ import threading
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from mutualrl.weights.transport import Announce, TensorManifest, tensor_checksum, untied
+from mutualrl.weights.transport import Announce, TensorManifest, checksum_of_stream, tensor_checksum, untied
 
 
 def _checksum(state: dict[str, torch.Tensor]) -> str:
@@ -102,6 +103,34 @@ class WeightStore:
                 self._verified[uri] = (checksum, ident)
         return state
 
+    def load_into(self, uri: str, checksum: str | None, target: dict[str, torch.Tensor]) -> None:
+        """Copy a stored version into ``target`` (an engine's state dict, whose tensors are its parameters) one tensor
+        at a time: the rollout side holds one tensor beside its weights, not a second copy of the model. Every check
+        comes first — the file's names and shapes against ``target`` (a tied head the file leaves out is the
+        embedding already), then its checksum, read tensor by tensor — so a version that fails one leaves the
+        served weights as they were. An in-process version is copied from the state kept in memory."""
+        if uri.startswith("inproc://"):
+            state = self.get(uri, checksum)
+            _check_fits(uri, {k: tuple(v.shape) for k, v in state.items()}, target)
+            with torch.no_grad():
+                for k, v in state.items():
+                    target[k].copy_(v)
+            return
+        path = Path(uri) / "model.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(f"no weights at {uri}")
+        with safe_open(str(path), framework="pt") as f:
+            names = sorted(f.keys())
+            _check_fits(uri, {k: tuple(f.get_slice(k).get_shape()) for k in names}, target)
+            ident = self._identity(uri, {})
+            if checksum and self._verified.get(uri) != (checksum, ident):
+                if checksum_of_stream((k, f.get_tensor(k)) for k in names) != checksum:
+                    raise ValueError(f"checksum mismatch for {uri}")
+                self._verified[uri] = (checksum, ident)
+            with torch.no_grad():
+                for k in names:
+                    target[k].copy_(f.get_tensor(k))
+
     @staticmethod
     def _identity(uri: str, state: dict[str, torch.Tensor]) -> object:
         """What a verified version is remembered by: the file's inode, size and mtime (a rewritten
@@ -121,3 +150,13 @@ class WeightStore:
                 if d.name.startswith("v") and d.name[1:].isdigit() and int(d.name[1:]) <= version - self.keep:
                     shutil.rmtree(d, ignore_errors=True)
 
+
+def _check_fits(uri: str, shapes: dict[str, tuple[int, ...]], target: dict[str, torch.Tensor]) -> None:
+    """A version fits an engine when it names exactly the engine's tensors with their shapes, up to a tied LM head
+    (stored once, under the embedding's name)."""
+    missing = [k for k in target if k not in shapes and not k.endswith("lm_head.weight")]
+    unexpected = [k for k in shapes if k not in target]
+    wrong = [k for k, shape in shapes.items() if k in target and tuple(target[k].shape) != shape]
+    if missing or unexpected or wrong:
+        raise ValueError(f"weights at {uri} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                         f"wrong shape {wrong[:3]}")

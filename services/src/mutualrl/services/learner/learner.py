@@ -22,6 +22,7 @@ from mutualrl.models.host import read_scalars
 from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.models.sharding import full_state_dict, full_value
 from mutualrl.models.sharding import rank as shard_rank
+from mutualrl.runtime.memory import return_freed_memory
 from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.micro_batches import LearnerForward, plan_micro_batches
@@ -455,6 +456,7 @@ class Learner:
             skipped.append(skip)
             per_mb.append(mb_metrics)
         self.opt.found_inf = None
+        return_freed_memory()  # the update's freed activations, back to the host the services share
         # the one host sync
         host = read_scalars({"loss": losses, "grad_norm": grad_norms, "skipped": skipped, "mb": per_mb})
         losses, grad_norms, per_mb = host["loss"], host["grad_norm"], host["mb"]

@@ -80,6 +80,12 @@ class HFEngine(RolloutEngine):
             with self._lock:  # the learner's module is these weights already
                 self.version = version
             return
+        load_into = getattr(self.store, "load_into", None)  # a StreamingReceiver: one tensor at a time
+        if load_into is not None and manifest is None:
+            with self._lock:
+                load_into(uri, checksum, self.model.state_dict())
+                self.version = version
+            return
         state = self.store.get(uri, checksum, manifest)
         with self._lock:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
