@@ -39,7 +39,7 @@ from mutualrl.services.rollout import RolloutWorker
 from mutualrl.services.rollout.engine import RolloutEngine
 from mutualrl.services.rollout.factory import build_engine, probe_engine
 from mutualrl.services.rollout.http_engines import EngineUnavailable
-from mutualrl.services.rollout.setup import make_worker
+from mutualrl.services.rollout.setup import engine_sampler, make_worker
 from mutualrl.tracking import WarnOnce, open_tracker
 from mutualrl.tracking.identity import new_group, run_info
 from mutualrl.tracking.sink import RecordSink
@@ -118,7 +118,8 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
             engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source,
                                   share=share, precision=pp.precision)
         worker = make_worker(cfg, pp, engine, exchange, verifier)
-        learner = make_learner(cfg, pp, exchange, SharedModelSender() if share else store, registry, verifier)
+        learner = make_learner(cfg, pp, exchange, SharedModelSender() if share else store, registry, verifier,
+                               rescue_sample=engine_sampler(engine, worker.sampling))
         loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg),
                            steps=cfg.budget.steps, eval_every=cfg.eval.every)
         runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps, pass_rate))

@@ -35,8 +35,8 @@ from mutualrl.runtime.exchange_setup import (
     redis_options,
     run_namespace,
 )
-from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, write_summary
 from mutualrl.runtime.memory import return_freed_memory
+from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, write_summary
 from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, pass_rate_before_rl, prepare_policy
 from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.see.acl import ServiceUser, acl_file

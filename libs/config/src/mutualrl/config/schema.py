@@ -347,6 +347,46 @@ class SgtConfig(_Strict):
                               "for prompts it is not training now, released when the prompt comes up again (0: no "
                               "bank). Meant for async.peers bounded, where a peer's successes arrive at other steps.")
     bank_max_age: int = Field(32, ge=0, description="Steps a banked success stays usable.")
+    guard: Literal["none", "chord", "luffy"] = Field(
+        "none", description="A per-token style guard on the NLL (nll variant, docs/algorithms.md §3.3): chord weighs "
+        "each rescued token by p(1-p) of the receiver's own probability, luffy by p/(p+gamma); a token the receiver "
+        "finds very unlikely (a foreign answer form) then weighs ~0. none: today's plain NLL.")
+    luffy_gamma: float = Field(0.1, gt=0, description="gamma of the luffy guard's p/(p+gamma).")
+    select: Literal["shortest", "any"] = Field(
+        "shortest", description="Which K_r successes of a prompt are kept: the shortest, or any (message order: no "
+        "preference for bare answers).")
+
+
+class SgtRConfig(_Strict):
+    """SGT-R: a peer's verified success as a hint in the receiver's prompt; the receiver learns from the
+    completions it samples itself (docs/algorithms.md §3.4, our design)."""
+
+    hint: Literal["peer", "reference", "none"] = Field(
+        "peer", description="What the rescue samples see: peer — a peer's re-verified success, its answer masked; "
+        "reference — the task's own answer (no peer: a control); none — no hint text, k more plain samples of the "
+        "prompts a peer solved (resample-only, a control).")
+    samples: int = Field(4, ge=1, le=64, description="k, rescue samples per rescued prompt (counted in the policy's "
+                         "rollouts: compare at equal rollouts).")
+    max_prompts: int = Field(4, ge=1, description="Rescued prompts per step at most (the groups nearest to all-fail "
+                             "first).")
+    gate_tau: float = Field(0.0, ge=0, le=1, description="Rescue a prompt when own successes <= tau*G (0: all-fail "
+                            "groups only).")
+    show: Literal["all", "reasoning", "prefix"] = Field(
+        "prefix", description="How much of the peer's text the hint shows: all of it, its reasoning (the text "
+        "before its final answer), or its first fraction (prefix_start -> prefix_end over prefix_steps).")
+    prefix_start: float = Field(0.75, gt=0, le=1, description="The share of the peer's text shown at step 1.")
+    prefix_end: float = Field(0.25, gt=0, le=1, description="The share shown after prefix_steps steps.")
+    prefix_steps: int = Field(20, ge=0, description="Steps over which the shown share shrinks (0: prefix_start "
+                              "throughout).")
+    min_gain: Optional[float] = Field(
+        0.0, description="The information gate: use the hint when it raises the receiver's log-probability of "
+        "writing the verified answer in the required form by more than this many nats (delta = log p(answer | x, "
+        "hint) - log p(answer | x)); otherwise the rescue is k plain samples. None: every hint is used.")
+    max_hint_tokens: int = Field(256, ge=8, description="A peer's text longer than this (in the receiver's tokens) "
+                                 "is refused as a hint (counted: too_long).")
+    w_min: float = Field(0.1, ge=0, le=1, description="Floor of a rescued token's weight toward the hint-free policy "
+                         "(0 is Guide's correction, which removes exactly the form a cold receiver must learn).")
+    w_max: float = Field(2.0, ge=1, description="Cap of a rescued token's weight.")
 
 
 class PrpConfig(_Strict):
@@ -423,10 +463,10 @@ class HacpoConfig(_Strict):
                                  "temperature 1 without top-k/top-p)")
 
 
-ModeName = Literal["none", "naive", "prp", "xgrpo", "sgt", "hacpo"]
+ModeName = Literal["none", "naive", "prp", "xgrpo", "sgt", "sgt_r", "hacpo"]
 """The sharing modes (their classes: services/learner/modes; a test checks this literal against the registry)."""
 
-MODE_SECTIONS = ("sgt", "prp", "xgrpo", "hacpo")
+MODE_SECTIONS = ("sgt", "sgt_r", "prp", "xgrpo", "hacpo")
 """The modes that have a settings section of their own."""
 
 
@@ -438,6 +478,7 @@ class EdgeConfig(_Strict):
     to: str = Field(..., description="The policy whose learner uses it.")
     mode: Optional[ModeName] = Field(None, description="The mode on this edge (unset: sharing.mode).")
     sgt: Optional[SgtConfig] = None
+    sgt_r: Optional[SgtRConfig] = None
     prp: Optional[PrpConfig] = None
     xgrpo: Optional[XgrpoConfig] = None
     hacpo: Optional[HacpoConfig] = None
@@ -456,10 +497,11 @@ class EdgeConfig(_Strict):
 class SharingConfig(_Strict):
     """Which experience the policies exchange (docs/algorithms.md §3.3) and each mode's settings."""
     mode: ModeName = Field(
-        "none", description="How learners use peer experience: none | naive | prp | xgrpo | sgt | hacpo. Every "
+        "none", description="How learners use peer experience: none | naive | prp | xgrpo | sgt | sgt_r | hacpo. Every "
                             "policy learns from every other under it, unless `edges` says who learns from whom."
     )
     sgt: SgtConfig = Field(default_factory=SgtConfig)
+    sgt_r: SgtRConfig = Field(default_factory=SgtRConfig)
     prp: PrpConfig = Field(default_factory=PrpConfig)
     xgrpo: XgrpoConfig = Field(default_factory=XgrpoConfig)
     hacpo: HacpoConfig = Field(default_factory=HacpoConfig)

@@ -15,10 +15,18 @@ from mutualrl.grpo.decoupled import (
 )
 from mutualrl.grpo.gspo import gspo_loss, gspo_token_loss, sequence_mean, sequence_ratio
 from mutualrl.grpo.hacpo import CAPABILITY_METRICS, CapabilityTracker, cross_clip_lower, hacpo_advantages, hacpo_loss
+from mutualrl.grpo.hinted import hint_fraction, hint_weights, rescue_advantages
 from mutualrl.grpo.kl import KL_ESTIMATORS, kl_penalty
 from mutualrl.grpo.policy_loss import POLICY_LOSSES, PolicyLossOutput, get_policy_loss, ppo_clip_loss
 from mutualrl.grpo.prp import PRP_RATIO_LEVELS, prp_peer_loss
-from mutualrl.grpo.sgt import RescueItem, group_insert_advantages, select_rescues, sgt_nll
+from mutualrl.grpo.sgt import (
+    SGT_GUARDS,
+    RescueItem,
+    group_insert_advantages,
+    select_rescues,
+    sgt_nll,
+    sgt_token_weights,
+)
 from mutualrl.grpo.xgrpo import XGRPO_VARIANTS, PeerGroupStats, xgrpo_advantages, xgrpo_baseline
 
 __all__ = [
@@ -41,6 +49,9 @@ __all__ = [
     "cross_clip_lower",
     "hacpo_advantages",
     "hacpo_loss",
+    "hint_fraction",
+    "hint_weights",
+    "rescue_advantages",
     "KL_ESTIMATORS",
     "kl_penalty",
     "POLICY_LOSSES",
@@ -53,6 +64,8 @@ __all__ = [
     "group_insert_advantages",
     "select_rescues",
     "sgt_nll",
+    "SGT_GUARDS",
+    "sgt_token_weights",
     "XGRPO_VARIANTS",
     "PeerGroupStats",
     "xgrpo_advantages",

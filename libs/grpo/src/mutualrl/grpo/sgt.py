@@ -24,6 +24,7 @@ class RescueItem:
     token_ids: list[int]
     source_policy: str
     message_id: str
+    text: str = ""  # the peer's completion as text (SGT-R shows it as a hint)
 
 
 def select_rescues(
@@ -32,9 +33,11 @@ def select_rescues(
     group_size: int,
     gate_tau: float = 0.0,
     max_per_prompt: int = 1,
+    shortest_first: bool = True,
 ) -> list[RescueItem]:
     """The rescue set ``R_n`` (§3.3): keep candidates whose prompt's own success count is
-    ``<= τ·G`` (τ=0: only all-fail groups), at most ``K_r`` per prompt, shortest first.
+    ``<= τ·G`` (τ=0: only all-fail groups), at most ``K_r`` per prompt, shortest first (or, without
+    ``shortest_first``, in message order: no preference for a bare answer's few tokens).
 
     Prompts the learner did not sample this step (absent from ``own_successes``) are
     not gated open: the gate is a statement about the learner's own group.
@@ -48,7 +51,7 @@ def select_rescues(
     chosen: list[RescueItem] = []
     seen: set[tuple[int, ...]] = set()
     for pid in sorted(by_prompt):
-        items = sorted(by_prompt[pid], key=lambda c: (len(c.token_ids), c.message_id))
+        items = sorted(by_prompt[pid], key=lambda c: (len(c.token_ids) if shortest_first else 0, c.message_id))
         kept = 0
         for c in items:
             key = (hash(pid), *c.token_ids)
@@ -62,8 +65,27 @@ def select_rescues(
     return chosen
 
 
-def sgt_nll(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``mean_{(x,y*)∈R_n}[ −(1/|y*|_n) Σ_t log π_n(y*_t | x, y*_<t) ]`` (§3.3).
+SGT_GUARDS = ("none", "chord", "luffy")
+"""Per-token style guards on SGT's NLL (§3.3): none, CHORD's p(1−p), LUFFY's p/(p+γ)."""
+
+
+def sgt_token_weights(logp: torch.Tensor, guard: str, gamma: float = 0.1) -> torch.Tensor:
+    """Detached per-token weights φ of the rescue NLL (§3.3), from the receiver's own probability p = π_n(y*_t | ·):
+    ``none`` 1; ``chord`` p(1−p) (a token the receiver finds nearly impossible — a foreign answer form — or already
+    certain weighs ~0); ``luffy`` p/(p+γ) (small where p ≪ γ, ~1 where the receiver agrees)."""
+    if guard == "none":
+        return torch.ones_like(logp)
+    p = logp.detach().exp()
+    if guard == "chord":
+        return p * (1.0 - p)
+    if guard == "luffy":
+        return p / (p + gamma)
+    raise ValueError(f"unknown SGT guard {guard!r}; valid: {', '.join(SGT_GUARDS)}")
+
+
+def sgt_nll(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``mean_{(x,y*)∈R_n}[ −(1/|y*|_n) Σ_t φ_t log π_n(y*_t | x, y*_<t) ]`` (§3.3), φ = 1 unless a guard's
+    ``weights`` (detached, :func:`sgt_token_weights`) are given.
 
     logp [R, T] log-probs of the rescue completions under the learner; mask [R, T].
     Returns a scalar (0 with a graph when R is empty).
@@ -71,7 +93,8 @@ def sgt_nll(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if logp.shape[0] == 0:
         return logp.sum() * 0.0
     m = mask.to(logp.dtype)
-    per_seq = -(logp * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # [R]
+    phi = m if weights is None else m * weights.detach()
+    per_seq = -(logp * phi).sum(-1) / m.sum(-1).clamp(min=1.0)  # [R]
     return per_seq.mean()
 
 

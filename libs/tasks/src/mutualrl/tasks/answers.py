@@ -82,3 +82,76 @@ def format_from_answers(answers: list[str]) -> str:
     every one is a number (an instruct model ends on its number; no tags to learn), else ``answer_tags``
     (an answer that is a word, a list or an expression needs a delimiter)."""
     return "last_number" if answers and all(is_number(a) for a in answers) else "answer_tags"
+
+
+MASK = "…"
+"""What stands where a hint's answer was: the hint keeps the answer's form (``<answer>…</answer>``,
+``\\boxed{…}``, a number's place at the end) and loses its content."""
+
+
+def answer_span(text: str, fmt: str) -> tuple[int, int] | None:
+    """Where in ``text`` the answer :func:`extract_answer` reads in format ``fmt`` stands, as a (start, end) slice
+    (the tags, box or line around it excluded), or None when the text gives no answer."""
+    if fmt == "whole":
+        stripped = text.strip()
+        if not stripped:
+            return None
+        start = text.index(stripped)
+        return start, start + len(stripped)
+    if fmt == "last_number":
+        found = list(_NUMBER.finditer(text))
+        return (found[-1].start(), found[-1].end()) if found else None
+    if fmt == "boxed":
+        start = text.rfind("\\boxed{")
+        if start < 0 or _last_boxed(text) is None:
+            return None
+        i, depth = start + len("\\boxed{"), 1
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                return i, j
+        return None
+    if fmt == "answer_tags":
+        found = list(_TAGS.finditer(text))
+        return (found[-1].start(1), found[-1].end(1)) if found else None
+    if fmt == "last_line":
+        lines = [m for m in re.finditer(r"[^\r\n]+", text) if m.group().strip()]
+        return (lines[-1].start(), lines[-1].end()) if lines else None
+    raise ValueError(f"unknown answer format {fmt!r}; valid: {', '.join(ANSWER_FORMATS)}")
+
+
+def mask_answer(text: str, fmt: str, gives_answer, answer: str | None = None) -> tuple[str, bool]:
+    """``text`` with the answer it would give away replaced by :data:`MASK`, and whether anything was masked.
+
+    ``gives_answer(text)`` is the task's own check (its verifier scoring the text as a completion). While it says
+    yes, the span the answer format reads is masked — the last answer first, then earlier ones the parser falls
+    back to (a reasoning that states the result twice) — so the form stays and the content goes. With ``answer``
+    (the reference), every other standalone occurrence of it goes too: "the sum is 46, as 12 + 34 shows" gives the
+    answer away to a reader though no parser reads it at the end. A text in which the answer still reads after all
+    that (``whole`` format, an answer spelled out in words) comes back as :data:`MASK` alone: it carries nothing
+    the verifier does not already know."""
+    masked = False
+    for _ in range(64):  # each pass removes one occurrence; a hint has few
+        if not gives_answer(text):
+            break
+        span = answer_span(text, fmt)
+        if span is None or text[span[0]:span[1]] == MASK:
+            break
+        text, masked = text[: span[0]] + MASK + text[span[1]:], True
+    if answer and answer.strip():
+        standalone = re.compile(r"(?<![\w.])" + re.escape(answer.strip()) + r"(?![\w]|\.\d)")
+        text, n = standalone.subn(MASK, text)
+        masked = masked or n > 0
+    return (text, masked) if not gives_answer(text) else (MASK, True)
+
+
+def required_form(answer: str, fmt: str) -> str:
+    """The reference answer written as format ``fmt`` asks for it: what the information gate measures a hint's
+    effect on (the receiver's log-probability of writing it)."""
+    if fmt == "boxed":
+        return f"\\boxed{{{answer}}}"
+    if fmt == "answer_tags":
+        return f"<answer>{answer}</answer>"
+    if fmt in ("whole", "last_number", "last_line"):
+        return answer
+    raise ValueError(f"unknown answer format {fmt!r}; valid: {', '.join(ANSWER_FORMATS)}")

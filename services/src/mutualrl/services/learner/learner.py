@@ -25,6 +25,7 @@ from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.runtime.memory import return_freed_memory
 from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange, Received
+from mutualrl.services.learner.hinted_rescue import EDGE_COUNTS, HintedRescue, RescueOutcome
 from mutualrl.services.learner.micro_batches import LearnerForward, plan_micro_batches
 from mutualrl.services.learner.modes import make_mode, record_keys
 from mutualrl.services.learner.objective import OWN, PEER, LossInputs, Rows, right_aligned
@@ -144,6 +145,8 @@ class Learner:
         self.consumed: set[str] = set()  # message ids a durable checkpoint covers: never admitted again
         self.last_edges: dict[str, dict[str, int]] = {}  # the last step's counts per incoming edge (metrics)
         self.reputation_events: list[ReputationEvent] = []  # of the last step (the service logs them)
+        self.rescue: HintedRescue | None = None  # SGT-R's rescue round (hinted_rescue.py; setup.py gives it)
+        self.last_rescue: RescueOutcome | None = None
 
     # ---- gathering -------------------------------------------------------
     def adopt_pending(self, min_idle_ms: int = 0) -> int:
@@ -320,6 +323,9 @@ class Learner:
 
         rescues = self.mode.rescues(rows, intake, own_successes, self.s.group_size)
         gate_open = self.mode.gate_open(own_successes, self.s.group_size)
+        if self.rescue is not None:  # SGT-R's second round: the learner's own samples on prompts a peer solved
+            self.last_rescue = self.rescue.add_rows(step, rows, own_successes, intake.rescues, by_id)
+            metrics.update(self.last_rescue.metrics())
 
         # ---- advantages once per step, then one update per mini-batch ----
         step_adv = self.mode.advantages(rows, intake.stats)
@@ -390,6 +396,11 @@ class Learner:
             out.append(self.forward.logprobs_no_grad(prompts, completions, self._plan(prompts, completions)))
         stages["logprob"] += time.monotonic() - t0
         return out
+
+    def logprobs_now(self, prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
+        """[b, T] right-aligned log-probs of completions under the current weights, no gradient, micro-batched as
+        an update is (SGT-R's information gate and hint-free log-probs)."""
+        return self.forward.logprobs_no_grad(prompts, completions, self._plan(prompts, completions))
 
     def _plan(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[int]]:
         """A mini-batch's forward/backward passes (algorithm.micro_batch_rows / micro_batch_tokens, §7.2)."""
@@ -493,6 +504,7 @@ class Learner:
             minibatch_index=m,
             ref_logp=ref_logp,
             prox_logp=logp.detach() if m == 0 and self.decoupled else proximal,
+            token_weight=None if (w := rows.token_weights(sl, T)) is None else w.to(dev),
         )
 
     def _watch_behaviour_gap(self, first: dict, step: int) -> None:
@@ -515,7 +527,7 @@ class Learner:
         for k, v in intake.rejected.items():
             self.totals[f"rejected_{k}"] += v
         peer_used = rows.count(PEER)
-        shared_in = self.mode.shared_in(peer_used, rescues, intake.stats)
+        shared_in = self.mode.shared_in(peer_used, rescues, intake.stats) + int(metrics.get("rescue_trained") or 0)
         self.totals["rescues"] += len(rescues)
         self.totals["shared_in"] += shared_in
         for mb in per_mb:  # mean over mini-batches of each diagnostic
@@ -588,6 +600,9 @@ class Learner:
             c = intake.per_source.get(src, Counter())
             out[f"{src}->{self.policy}"] = {"offered": c["offered"], "used": used[src], "stale": c["stale"],
                                             "thl_rejected": c["thl_rejected"], "rescues": rescued[src]}
+            if self.rescue is not None:  # SGT-R's hints and rescue samples on this edge
+                got = self.last_rescue.per_source.get(src, Counter()) if self.last_rescue else Counter()
+                out[f"{src}->{self.policy}"].update({k: got[k] for k in EDGE_COUNTS})
         return out
 
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-OWN, PEER, RESCUE = 0, 1, 2
-"""Row kinds: the learner's own rollout, a peer's (THL-converted) rollout, an SGT rescue."""
+OWN, PEER, RESCUE, HINTED = 0, 1, 2, 3
+"""Row kinds: the learner's own rollout, a peer's (THL-converted) rollout, an SGT rescue, an SGT-R rescue sample (the
+learner's own completion, sampled with a peer's hint, trained under the hint-free prompt)."""
 
 ROW_FIELDS = ("prompt_token_ids", "token_ids", "logprobs", "mask", "reward", "prompt_id", "source_policy", "kind",
               "source_mean_logprob")
@@ -35,15 +36,18 @@ class Rows:
     reward: list[float] = field(default_factory=list)  # the learner's own verifier's score
     prompt_id: list[str] = field(default_factory=list)
     source_policy: list[str] = field(default_factory=list)  # producing policy
-    kind: list[int] = field(default_factory=list)  # OWN, PEER or RESCUE
+    kind: list[int] = field(default_factory=list)  # OWN, PEER, RESCUE or HINTED
     source_mean_logprob: list[float] = field(default_factory=list)  # ℓ̄ of the sampler in its own tokens
+    # a detached weight per token multiplying its advantage (SGT-R's toward the hint-free policy); None: 1
+    token_weight: list[list[float] | None] = field(default_factory=list)
 
     def add(self, *, prompt_token_ids, token_ids, logprobs, mask, reward, prompt_id, source_policy, kind,
-            source_mean_logprob) -> None:
-        """Append one row (its token ids, log-probs and mask must have one entry per token)."""
-        if not (len(token_ids) == len(logprobs) == len(mask)):
-            raise ValueError(f"row of {len(token_ids)} tokens has {len(logprobs)} log-probs and {len(mask)} mask "
-                             "entries")
+            source_mean_logprob, token_weight=None) -> None:
+        """Append one row (its token ids, log-probs, mask and any token weights must have one entry per token)."""
+        if not (len(token_ids) == len(logprobs) == len(mask)) or (token_weight is not None
+                                                                 and len(token_weight) != len(token_ids)):
+            raise ValueError(f"row of {len(token_ids)} tokens has {len(logprobs)} log-probs, {len(mask)} mask "
+                             f"entries and {'no' if token_weight is None else len(token_weight)} token weights")
         self.prompt_token_ids.append(list(prompt_token_ids))
         self.token_ids.append(list(token_ids))
         self.logprobs.append(list(logprobs))
@@ -53,6 +57,7 @@ class Rows:
         self.source_policy.append(source_policy)
         self.kind.append(kind)
         self.source_mean_logprob.append(float(source_mean_logprob))
+        self.token_weight.append(None if token_weight is None else [float(w) for w in token_weight])
 
     def add_row(self, row, *, kind: int) -> None:
         """Append a record that has the row fields as attributes (a :class:`PeerRow`)."""
@@ -60,6 +65,14 @@ class Rows:
 
     def __len__(self) -> int:
         return len(self.reward)
+
+    def token_weights(self, sl: slice, T: int) -> torch.Tensor | None:
+        """Rows ``sl``'s token weights [b, T], right-aligned (1 where a row has none), or None when no row has any."""
+        chosen = self.token_weight[sl]
+        if all(w is None for w in chosen):
+            return None
+        ones = [[1.0] * len(t) for t in self.token_ids[sl]]
+        return right_aligned([w if w is not None else o for w, o in zip(chosen, ones)], T)
 
     def count(self, kind: int) -> int:
         """How many rows are of ``kind``."""
@@ -89,6 +102,8 @@ class LossInputs:
     ref_logp: torch.Tensor | None = None  # [b, T] the reference model's log-probs when a KL term is on
     # [b, T] π_prox: the learner's log-probs at the start of the step, when sampling is pipelined (§6)
     prox_logp: torch.Tensor | None = None
+    # [b, T] detached per-token weights of the advantages (SGT-R's rescued rows, §3.4); None: all 1
+    token_weight: torch.Tensor | None = None
 
 
 def right_aligned(rows: list[list[float]], T: int) -> torch.Tensor:

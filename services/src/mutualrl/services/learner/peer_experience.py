@@ -259,6 +259,7 @@ class PeerIntake:
                     token_ids=conv.target_ids + [self.tokenizer.eos_token_id],
                     source_policy=m.envelope.producer,
                     message_id=m.envelope.message_id,
+                    text=vs.completion_text,
                 )
             )
         return out

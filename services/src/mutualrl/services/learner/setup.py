@@ -12,6 +12,7 @@ from mutualrl.models.policy import tokenizer_fingerprint
 from mutualrl.models.precision import Precision
 from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy, prompt_style
 from mutualrl.see import ExperienceExchange
+from mutualrl.services.learner.hinted_rescue import HintedRescue, SampleFn
 from mutualrl.services.learner.learner import Learner, LearnerSettings
 from mutualrl.services.learner.modes import MODES
 from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
@@ -54,9 +55,10 @@ def behaviour_correction(cfg: ExperimentConfig, backend: str, precision: Precisi
 def make_learner(
     cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightSender,
     registry: TokenizerRegistry, verifier: Verifier, peer_deadline_s: float = 5.0, device: str | None = None,
+    rescue_sample: SampleFn | None = None,
 ) -> Learner:
-    """A policy's learner from the config: its optimiser settings per mode, its peer intake and, with a KL term, a
-    frozen reference model."""
+    """A policy's learner from the config: its optimiser settings per mode, its peer intake, with a KL term a
+    frozen reference model, and under SGT-R its rescue round on ``rescue_sample`` (the policy's own engine)."""
     p = pp.config
     ref = None
     if cfg.algorithm.kl_coef > 0:
@@ -78,8 +80,16 @@ def make_learner(
         behaviour_gap_bound=BEHAVIOUR_GAP_BOUND if cfg.algorithm.behaviour_correction == "auto" else None,
         gradient_checkpointing=p.model.gradient_checkpointing,
     )
-    return Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
-                   ref_model=ref)
+    learner = Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
+                      ref_model=ref)
+    if sharing.mode == "sgt_r":
+        if rescue_sample is None:
+            raise ValueError(f"policy {p.name!r}: sharing mode sgt_r samples rescues with the policy's own engine, "
+                             "and this learner was given none")
+        learner.rescue = HintedRescue(p.name, sharing.sgt_r, pp.arts.tokenizer, prompt_style(cfg, p), verifier,
+                                      cfg.task.answer_format or "whole", rescue_sample, learner.logprobs_now,
+                                      group_size=cfg.budget.group_size, seed=cfg.seed)
+    return learner
 
 
 def delta_dtype(cfg: ExperimentConfig, backend: str, precision: Precision) -> torch.dtype | None:

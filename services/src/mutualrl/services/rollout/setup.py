@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 from mutualrl.config import ExperimentConfig
 from mutualrl.runtime.policy_setup import PreparedPolicy, prompt_style
 from mutualrl.see import ExperienceExchange
@@ -18,3 +21,12 @@ def make_worker(cfg: ExperimentConfig, pp: PreparedPolicy, engine: RolloutEngine
                         temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p)
     return RolloutWorker(p.name, engine, pp.arts.tokenizer, verifier, exchange, fingerprint=pp.arts.fingerprint,
                          sampling=spec, seed=cfg.seed, prompt_style=prompt_style(cfg, p))
+
+
+def engine_sampler(engine: RolloutEngine, spec: SamplingSpec) -> Callable[[list[list[int]], int, int], list[list]]:
+    """``sample(prompt_token_ids, n, seed)`` on ``engine`` at the policy's sampling settings: SGT-R's rescue round
+    when the learner sits beside its engine (``mutualrl run``)."""
+    def sample(prompts: list[list[int]], n: int, seed: int) -> list[list]:
+        return engine.generate(prompts, dataclasses.replace(spec, n=n, seed=seed))
+
+    return sample

@@ -26,6 +26,7 @@ from mutualrl.grpo import (
     get_policy_loss,
     grpo_advantages,
     kl_penalty,
+    sequence_mean,
 )
 from mutualrl.grpo.registry import Registry
 from mutualrl.services.learner.objective import OWN, LossInputs, Rows, StepAdvantages
@@ -133,6 +134,11 @@ class SharingMode:
         """The step's mini-batches as slices of its rows, one optimiser update each."""
         return consecutive_minibatches(len(rows), minibatch_rows)
 
+    def policy_gradient_rows(self, kind: torch.Tensor) -> torch.Tensor:
+        """Rows beyond the own ones that the policy-gradient loss trains against their own ``logprobs`` as π_old
+        (SGT-R's rescue samples); none by default."""
+        return torch.zeros_like(kind, dtype=torch.bool)
+
     def on_policy_rows(self, kind: torch.Tensor) -> torch.Tensor:
         """Rows trained as if the learner sampled them itself (ratio := 1, no IS)."""
         return torch.zeros_like(kind, dtype=torch.bool)
@@ -144,7 +150,7 @@ class SharingMode:
         logp, mask = x.logp, x.mask
         own = x.kind == OWN
         on_policy = self.on_policy_rows(x.kind)
-        base_rows = own | on_policy
+        base_rows = own | on_policy | self.policy_gradient_rows(x.kind)
         old = torch.where(on_policy[:, None].to(logp.device), logp.detach(), x.logprobs)  # [b, T]
         total = logp.sum() * 0.0
         metrics: dict[str, torch.Tensor | float] = {}
@@ -170,6 +176,9 @@ class SharingMode:
         kw = dict(clip_low=self.clip_low, clip_high=self.clip_high, clip_ratio_c=self.a.clip_ratio_c,
                   loss_agg=self.a.loss_agg, norm_len=self.norm_len)
         logp, adv, mask = x.logp[rows], x.advantages[rows], x.mask[rows]
+        if x.token_weight is not None:  # detached per-token weights (SGT-R's rescued rows, §3.4): w·Â
+            w = x.token_weight[rows]
+            adv = adv * sequence_mean(w, mask) if self.sequence_level else adv[:, None] * w
         if x.prox_logp is None:
             return self.base(logp, old[rows], adv, mask, **kw)
         # rows trained as on-policy take their own log-probs as π_prox too (w = 1, r = 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from typing_extensions import override
 
-from mutualrl.grpo import RescueItem, group_insert_advantages, select_rescues, sgt_nll
+from mutualrl.grpo import RescueItem, group_insert_advantages, select_rescues, sgt_nll, sgt_token_weights
 from mutualrl.models.generation import sequence_logprobs
 from mutualrl.services.learner.modes.base import SharingMode, group_ids, register_mode
 from mutualrl.services.learner.objective import OWN, RESCUE, Rows, StepAdvantages
@@ -16,9 +16,9 @@ from mutualrl.services.learner.success_bank import SuccessBank
 
 @register_mode
 class SuccessGatedTransfer(SharingMode):
-    """Re-verified peer successes on own groups at or under the gate (τ·G own successes), the
-    shortest K_r per prompt: a λ-weighted NLL term (``nll``) or rows inserted into the group
-    (``group_insert``). Settings: ``sharing.sgt``."""
+    """Re-verified peer successes on own groups at or under the gate (τ·G own successes), K_r per prompt
+    (the shortest, or any): a λ-weighted NLL term (``nll``, optionally style-guarded per token) or rows
+    inserted into the group (``group_insert``). Settings: ``sharing.sgt``."""
 
     name = "sgt"
     section = "§3.3 SGT"
@@ -38,7 +38,8 @@ class SuccessGatedTransfer(SharingMode):
     def rescues(self, rows: Rows, intake: IntakeResult, own_successes: dict[str, int],
                 group_size: int) -> list[RescueItem]:
         g = self.sh.sgt
-        rescues = select_rescues(intake.rescues, own_successes, group_size, g.gate_tau, g.max_per_prompt)
+        rescues = select_rescues(intake.rescues, own_successes, group_size, g.gate_tau, g.max_per_prompt,
+                                 shortest_first=g.select == "shortest")
         if g.variant == "group_insert":
             for x in rescues:
                 n = len(x.token_ids)
@@ -70,5 +71,6 @@ class SuccessGatedTransfer(SharingMode):
             return None, {}
         r_logp, r_mask = sequence_logprobs(model, [x.prompt_token_ids for x in rescues], [x.token_ids for x in rescues],
                                            pad_id=pad_id)
-        nll = sgt_nll(r_logp, r_mask)
-        return self.sh.sgt.weight * nll, {"sgt_nll": nll.detach()}
+        g = self.sh.sgt
+        nll = sgt_nll(r_logp, r_mask, sgt_token_weights(r_logp, g.guard, g.luffy_gamma) if g.guard != "none" else None)
+        return g.weight * nll, {"sgt_nll": nll.detach()}

@@ -1,0 +1,236 @@
+"""SGT-R's second round within a step: rescue samples of the receiver's own, on prompts a peer solved
+(docs/algorithms.md §3.4).
+
+After the step's own rollouts and peers' re-verified successes are in, each own group at or under the gate that a
+peer solved (or, for the controls, any such group) gets k more samples from the receiver's own engine — on the
+prompt with the peer's success shown as a hint (answer masked), or on the plain prompt when the information gate
+finds the hint does not help the receiver. The receiver's verifier scores them; they join the step as ``HINTED``
+rows under the *hint-free* prompt, each token weighted toward the hint-free policy (``mutualrl.grpo.hinted``).
+
+Everything a peer's text must pass before it is shown is checked here, per hint, with a reason when refused: its
+length in the receiver's tokens, that it spells back exactly through the receiver's tokenizer, that it names none
+of the receiver's control tokens nor the hint frame's delimiters. A refused hint is counted and its prompt gets
+plain samples instead; the step goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from mutualrl.config.schema import SgtRConfig
+from mutualrl.grpo import RescueItem, hint_fraction, hint_weights
+from mutualrl.models.generation import Sample, cut_at_stop
+from mutualrl.models.policy import PromptStyle, encode_prompt
+from mutualrl.models.text_checks import control_text_in, spells
+from mutualrl.services.learner.objective import HINTED, Rows
+from mutualrl.tasks import Problem, Verifier
+from mutualrl.tasks.answers import required_form
+from mutualrl.tasks.hints import Hint, build_hint, reference_hint
+
+log = logging.getLogger(__name__)
+
+SampleFn = Callable[[list[list[int]], int, int], list[list[Sample]]]
+"""``sample(prompt_token_ids, n, seed)``: n completions per prompt from the policy's own engine, at its sampling
+settings, with their behaviour log-probs."""
+LogprobFn = Callable[[list[list[int]], list[list[int]]], torch.Tensor]
+"""``logprobs(prompts, completions)``: the learner's [b, T] right-aligned log-probs, no gradient."""
+
+EDGE_COUNTS = ("hints_offered", "hints_gated_out", "hints_masked", "hints_refused", "rescue_samples", "rescued",
+               "rescue_trained", "rescue_verified_nothing")
+"""What a step counts per incoming edge (records, Prometheus, the sharing dashboard)."""
+
+HINT_DELIMITERS = ("<hint>", "</hint>")
+
+
+@dataclass
+class Plan:
+    """One rescued prompt: the plain and the sampled prompt's token ids, the hint shown (None: plain samples), the
+    edge it came from and the gate's Δ."""
+    problem: Problem
+    plain_ids: list[int]
+    sampled_ids: list[int]
+    source: str
+    hint: Hint | None = None
+    delta: float | None = None
+
+
+@dataclass
+class RescueOutcome:
+    """What the second round did this step: per-edge counts, refusals by reason, the gate's Δ values."""
+    per_source: dict[str, Counter] = field(default_factory=dict)
+    refused: Counter = field(default_factory=Counter)
+    deltas: list[float] = field(default_factory=list)
+    weight_metrics: dict[str, float] = field(default_factory=dict)
+
+    def count(self, source: str, key: str, n: int = 1) -> None:
+        """Add ``n`` to ``key`` of the edge from ``source``."""
+        self.per_source.setdefault(source, Counter())[key] += n
+
+    def metrics(self) -> dict:
+        """The step record's fields."""
+        total = Counter()
+        for c in self.per_source.values():
+            total.update(c)
+        return {**{k: total[k] for k in EDGE_COUNTS},
+                "hint_refused": dict(self.refused),
+                "hint_delta_mean": sum(self.deltas) / len(self.deltas) if self.deltas else None,
+                **self.weight_metrics}
+
+
+class HintedRescue:
+    """The receiver's rescue round (SGT-R). ``sample`` is its own engine; ``logprobs`` its learner's forward."""
+
+    def __init__(self, policy: str, cfg: SgtRConfig, tokenizer: PreTrainedTokenizerBase, style: PromptStyle | None,
+                 verifier: Verifier, answer_format: str, sample: SampleFn, logprobs: LogprobFn, *, group_size: int,
+                 seed: int = 0):
+        self.policy, self.cfg, self.tok, self.style = policy, cfg, tokenizer, style
+        self.verifier, self.answer_format = verifier, answer_format
+        self.sample, self.logprobs = sample, logprobs
+        self.group_size, self.seed = group_size, seed
+
+    # ---- which prompts -----------------------------------------------------------------------------------------
+    def _chosen(self, own_successes: dict[str, int], candidates: list[RescueItem],
+                problems: dict[str, Problem]) -> list[tuple[str, list[RescueItem]]]:
+        """Prompts at or under the gate, fewest own successes first, at most ``max_prompts``: with the peers'
+        successes on each (a prompt no peer solved is rescued only under the reference-answer control)."""
+        threshold = self.cfg.gate_tau * self.group_size
+        by_prompt: dict[str, list[RescueItem]] = {}
+        for c in sorted(candidates, key=lambda c: c.message_id):
+            by_prompt.setdefault(c.prompt_id, []).append(c)
+        gated = [pid for pid, n in own_successes.items() if n <= threshold and pid in problems
+                 and (pid in by_prompt or self.cfg.hint == "reference")]
+        gated.sort(key=lambda pid: (own_successes[pid], pid))
+        return [(pid, by_prompt.get(pid, [])) for pid in gated[: self.cfg.max_prompts]]
+
+    def _refusal(self, hint: Hint) -> str | None:
+        """Why a hint cannot be shown to this receiver, or None."""
+        if any(d in hint.text for d in HINT_DELIMITERS):
+            return "frame"  # it would close the hint's frame and write outside it
+        if control_text_in(self.tok, hint.text) is not None:
+            return "control_token"
+        if not spells(self.tok, hint.text):
+            return "unspellable"
+        if len(self.tok(hint.text, add_special_tokens=False)["input_ids"]) > self.cfg.max_hint_tokens:
+            return "too_long"
+        return None
+
+    def _hint(self, step: int, problem: Problem, item: RescueItem | None) -> Hint:
+        if item is None:
+            return reference_hint(problem.prompt, problem.answer)
+        fraction = hint_fraction(step, self.cfg.prefix_start, self.cfg.prefix_end, self.cfg.prefix_steps)
+        return build_hint(problem.prompt, item.text, show=self.cfg.show, fraction=fraction,
+                          answer_format=self.answer_format,
+                          gives_answer=lambda t, p=problem: self.verifier.score(p, t) > 0, answer=problem.answer)
+
+    def _plans(self, step: int, chosen: list[tuple[str, list[RescueItem]]], problems: dict[str, Problem],
+               out: RescueOutcome) -> list[Plan]:
+        plans: list[Plan] = []
+        for pid, items in chosen:
+            problem = problems[pid]
+            plain = encode_prompt(self.tok, problem.prompt, self.style)
+            if self.cfg.hint == "none":
+                plans.append(Plan(problem, plain, plain, items[0].source_policy))
+                continue
+            options: list[Plan] = []
+            for item in (items[:3] if self.cfg.hint == "peer" else [None]):
+                source = item.source_policy if item is not None else "reference"
+                hint = self._hint(step, problem, item)
+                out.count(source, "hints_offered")
+                reason = self._refusal(hint)
+                if reason is not None:
+                    out.count(source, "hints_refused")
+                    out.refused[reason] += 1
+                    log.info("policy %s: a hint from %s on prompt %s refused: %s", self.policy, source, pid, reason)
+                    continue
+                if hint.masked:
+                    out.count(source, "hints_masked")
+                options.append(Plan(problem, plain, encode_prompt(self.tok, hint.question, self.style), source, hint))
+            if not options:  # every hint refused: the prompt is still solvable, sample it plainly
+                plans.append(Plan(problem, plain, plain, items[0].source_policy if items else "reference"))
+                continue
+            plans.append(self._gate(options))
+        return plans
+
+    def _gate(self, options: list[Plan]) -> Plan:
+        """The information gate (§3.4): Δ = log π(answer in its form | x, hint) − log π(same | x) for each hint; the
+        best one is used when Δ exceeds ``min_gain``, else the prompt gets plain samples."""
+        form = required_form(options[0].problem.answer, self.answer_format)
+        if self.style is not None and self.style.form(self.tok) == "completion":
+            form = " " + form
+        answer_ids = self.tok(form, add_special_tokens=False)["input_ids"]
+        prompts = [options[0].plain_ids] + [o.sampled_ids for o in options]
+        lp = self.logprobs(prompts, [answer_ids] * len(prompts)).sum(-1).tolist()
+        for o, value in zip(options, lp[1:]):
+            o.delta = value - lp[0]
+        best = max(options, key=lambda o: o.delta)
+        if self.cfg.min_gain is not None and best.delta <= self.cfg.min_gain:
+            return Plan(best.problem, best.plain_ids, best.plain_ids, best.source, None, best.delta)
+        return best
+
+    # ---- the round ---------------------------------------------------------------------------------------------
+    def add_rows(self, step: int, rows: Rows, own_successes: dict[str, int], candidates: list[RescueItem],
+                 problems: dict[str, Problem]) -> RescueOutcome:
+        """Sample, score and append this step's rescue rows to ``rows`` (kind ``HINTED``)."""
+        out = RescueOutcome()
+        chosen = self._chosen(own_successes, candidates, problems)
+        if not chosen:
+            return out
+        plans = self._plans(step, chosen, problems, out)
+        for p in plans:
+            if p.delta is not None:
+                out.deltas.append(p.delta)
+            if p.hint is None and self.cfg.hint != "none":
+                out.count(p.source, "hints_gated_out")
+        k = self.cfg.samples
+        seed = zlib.crc32(f"{self.seed}:{self.policy}:{step}:rescue".encode())
+        groups = self.sample([p.sampled_ids for p in plans], k, seed)
+        samples, owners = self._cut([s for g in groups for s in g]), [p for p in plans for _ in range(k)]
+        texts = [t for _, t in samples]
+        rewards = self.verifier.score_many([p.problem for p in owners], texts)
+        kept = [(s, p, r) for (s, _), p, r in zip(samples, owners, rewards) if s.token_ids]
+        if not kept:
+            return out
+        plain = [p.plain_ids for _, p, _ in kept]
+        tokens = [s.token_ids for s, _, _ in kept]
+        hint_free = self.logprobs(plain, tokens)  # [R, T]: π_θ at the start of the step, hint-free
+        T = hint_free.shape[1]
+        behaviour = torch.zeros_like(hint_free)
+        mask = torch.zeros_like(hint_free)
+        for i, (s, _, _) in enumerate(kept):
+            behaviour[i, T - len(s.logprobs):] = torch.tensor(s.logprobs, dtype=hint_free.dtype)
+            mask[i, T - len(s.logprobs):] = 1.0
+        w, w_metrics = hint_weights(hint_free, behaviour, mask, w_min=self.cfg.w_min, w_max=self.cfg.w_max)
+        out.weight_metrics = {k: float(v) for k, v in w_metrics.items()}
+        for i, (s, p, r) in enumerate(kept):
+            n = len(s.token_ids)
+            rows.add(prompt_token_ids=p.plain_ids, token_ids=s.token_ids, logprobs=hint_free[i, T - n:].tolist(),
+                     mask=[1.0] * n, reward=r, prompt_id=p.problem.prompt_id, source_policy=p.source, kind=HINTED,
+                     source_mean_logprob=0.0, token_weight=w[i, T - n:].tolist())
+        for p in plans:
+            got = [r for _, q, r in kept if q is p]
+            baseline = own_successes[p.problem.prompt_id] / self.group_size  # what pushes a row: r above it
+            out.count(p.source, "rescue_samples", len(got))
+            out.count(p.source, "rescued", sum(1 for r in got if r > 0))
+            out.count(p.source, "rescue_trained", sum(1 for r in got if r > baseline))
+            if not any(r > 0 for r in got):
+                out.count(p.source, "rescue_verified_nothing")
+        return out
+
+    def _cut(self, samples: list[Sample]) -> list[tuple[Sample, str]]:
+        """Each sample with its text, cut at the receiver's stop strings (a completion-form receiver does not
+        continue the hint's frame into a new question)."""
+        stops = self.style.stops(self.tok) if self.style is not None else ()
+
+        def decode(ids: list[int]) -> str:
+            return self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+        if stops:
+            return [cut_at_stop(decode, s, stops) for s in samples]
+        return [(s, decode(s.token_ids)) for s in samples]
