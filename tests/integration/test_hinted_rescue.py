@@ -57,8 +57,8 @@ class _Recorder:
         self.sample, self.tok, self.oracle = sample, tok, oracle
         self.calls: list[tuple[list[list[int]], int]] = []
 
-    def __call__(self, prompts, n, seed):
-        groups = self.sample(prompts, n, seed)
+    def __call__(self, prompts, n, seed, step):
+        groups = self.sample(prompts, n, seed, step)
         self.calls.append((prompts, n))
         for g in groups:
             self.oracle.accepted.add(self.tok.decode(g[0].token_ids, skip_special_tokens=True,
@@ -96,7 +96,8 @@ def _receiver(task, corpus, cfg: SgtRConfig, *, style: PromptStyle | None = None
                                                           prompt_style=style), WeightStore(), settings, peers=["b"])
     recorder = _Recorder(engine_sampler(engine, spec), tok, oracle)
     learner.rescue = HintedRescue("a", cfg, tok, style, oracle, "last_number", recorder, learner.logprobs_now,
-                                  group_size=G, seed=0)
+                                  group_size=G, seed=0, max_context=learner.context_limit,
+                                  max_new_tokens=spec.max_new_tokens)
     return ex, worker, learner, recorder, oracle, tok
 
 
@@ -195,9 +196,19 @@ def test_a_hint_that_cannot_be_shown_is_refused_with_its_reason_and_its_prompt_s
     ex, worker, learner, recorder, oracle, tok = _receiver(arithmetic_task, corpus, cfg)
     problem = _all_fail(arithmetic_task, 1)[0]
     rec, inputs = _step(ex, worker, learner, [problem], [text.format(sum=_reasoning(problem))])
-    assert rec["hint_refused"] == {reason: 1} and rec["hints_refused"] == 1
+    assert rec["hint_refused"] == {reason: 1} and rec["hints_refused"] == 1 and rec["hints_gated_out"] == 0
     assert recorder.calls[0][0] == [encode_prompt(tok, problem.prompt)]  # plain: the prompt is still solvable
     assert rec["rescue_samples"] == 2 and inputs.rows.count(HINTED) == 2
+
+
+def test_a_hinted_prompt_that_leaves_the_model_no_room_to_answer_is_refused(arithmetic_task, corpus):
+    cfg = SgtRConfig(samples=2, max_prompts=1, min_gain=None, show="all")
+    ex, worker, learner, recorder, oracle, tok = _receiver(arithmetic_task, corpus, cfg)
+    problem = _all_fail(arithmetic_task, 1)[0]
+    learner.rescue.max_context = len(encode_prompt(tok, problem.prompt)) + 20  # room for the plain prompt only
+    rec, _ = _step(ex, worker, learner, [problem], [_reasoning(problem)])
+    assert rec["hint_refused"] == {"context": 1}
+    assert recorder.calls[0][0] == [encode_prompt(tok, problem.prompt)]
 
 
 @pytest.mark.parametrize("roundtrip", [True, False])

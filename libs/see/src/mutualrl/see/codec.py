@@ -22,6 +22,8 @@ PAYLOAD_KINDS: dict[str, type[Message]] = {
     "verified_success": pb.VerifiedSuccess,
     "weights_published": pb.WeightsPublished,
     "heartbeat": pb.Heartbeat,
+    "sample_request": pb.SampleRequest,
+    "sample_result": pb.SampleResult,
 }
 _KIND_OF = {cls.DESCRIPTOR.full_name: kind for kind, cls in PAYLOAD_KINDS.items()}
 

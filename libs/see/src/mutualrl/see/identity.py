@@ -20,8 +20,9 @@ from typing import Mapping
 
 ROLE_KINDS = {
     # what each role appends, by (kind, producer suffix): the producer names the services use
-    "rollout": (("rollout", ""), ("verified_success", ""), ("advantage_stats", ""), ("heartbeat", ".rollout")),
-    "learner": (("weights_published", ""), ("heartbeat", ".learner")),
+    "rollout": (("rollout", ""), ("verified_success", ""), ("advantage_stats", ""), ("sample_result", ""),
+                ("heartbeat", ".rollout")),
+    "learner": (("weights_published", ""), ("sample_request", ""), ("heartbeat", ".learner")),
     "observer": (),  # MWRA's controller: reads heartbeats, writes nothing but dead letters
 }
 OBSERVER = ("mwra", "observer")  # the controller's identity: user "mwra.observer"

@@ -30,15 +30,17 @@ from mutualrl.models.generation import Sample, cut_at_stop
 from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.models.text_checks import control_text_in, spells
 from mutualrl.services.learner.objective import HINTED, Rows
+from mutualrl.services.learner.rescue_requests import RescueUnavailable
 from mutualrl.tasks import Problem, Verifier
 from mutualrl.tasks.answers import required_form
 from mutualrl.tasks.hints import Hint, build_hint, reference_hint
 
 log = logging.getLogger(__name__)
 
-SampleFn = Callable[[list[list[int]], int, int], list[list[Sample]]]
-"""``sample(prompt_token_ids, n, seed)``: n completions per prompt from the policy's own engine, at its sampling
-settings, with their behaviour log-probs."""
+SampleFn = Callable[[list[list[int]], int, int, int], list[list[Sample]]]
+"""``sample(prompt_token_ids, n, seed, step)``: n completions per prompt from the policy's own engine, at its sampling
+settings, with their behaviour log-probs (in-process under ``run``; over SEE under ``up``: rescue_requests.py). May
+raise :class:`~mutualrl.services.learner.rescue_requests.RescueUnavailable`."""
 LogprobFn = Callable[[list[list[int]], list[list[int]]], torch.Tensor]
 """``logprobs(prompts, completions)``: the learner's [b, T] right-aligned log-probs, no gradient."""
 
@@ -47,6 +49,9 @@ EDGE_COUNTS = ("hints_offered", "hints_gated_out", "hints_masked", "hints_refuse
 """What a step counts per incoming edge (records, Prometheus, the sharing dashboard)."""
 
 HINT_DELIMITERS = ("<hint>", "</hint>")
+HINT_REFUSALS = ("frame", "control_token", "unspellable", "too_long", "context", "unavailable_timeout", "unavailable_refused",
+                 "unavailable_malformed")
+"""Why a hint was not shown (its prompt got plain samples), or why a round got no samples at all."""
 
 
 @dataclass
@@ -59,6 +64,7 @@ class Plan:
     source: str
     hint: Hint | None = None
     delta: float | None = None
+    gated_out: bool = False  # the information gate sent it to plain samples
 
 
 @dataclass
@@ -89,11 +95,12 @@ class HintedRescue:
 
     def __init__(self, policy: str, cfg: SgtRConfig, tokenizer: PreTrainedTokenizerBase, style: PromptStyle | None,
                  verifier: Verifier, answer_format: str, sample: SampleFn, logprobs: LogprobFn, *, group_size: int,
-                 seed: int = 0):
+                 seed: int = 0, max_context: int | None = None, max_new_tokens: int = 0):
         self.policy, self.cfg, self.tok, self.style = policy, cfg, tokenizer, style
         self.verifier, self.answer_format = verifier, answer_format
         self.sample, self.logprobs = sample, logprobs
         self.group_size, self.seed = group_size, seed
+        self.max_context, self.max_new_tokens = max_context, max_new_tokens
 
     # ---- which prompts -----------------------------------------------------------------------------------------
     def _chosen(self, own_successes: dict[str, int], candidates: list[RescueItem],
@@ -144,6 +151,9 @@ class HintedRescue:
                 hint = self._hint(step, problem, item)
                 out.count(source, "hints_offered")
                 reason = self._refusal(hint)
+                hinted = encode_prompt(self.tok, hint.question, self.style)
+                if self.max_context and len(hinted) + self.max_new_tokens > self.max_context:
+                    reason = "context"  # the hinted prompt leaves the model no room to answer
                 if reason is not None:
                     out.count(source, "hints_refused")
                     out.refused[reason] += 1
@@ -151,7 +161,7 @@ class HintedRescue:
                     continue
                 if hint.masked:
                     out.count(source, "hints_masked")
-                options.append(Plan(problem, plain, encode_prompt(self.tok, hint.question, self.style), source, hint))
+                options.append(Plan(problem, plain, hinted, source, hint))
             if not options:  # every hint refused: the prompt is still solvable, sample it plainly
                 plans.append(Plan(problem, plain, plain, items[0].source_policy if items else "reference"))
                 continue
@@ -171,7 +181,7 @@ class HintedRescue:
             o.delta = value - lp[0]
         best = max(options, key=lambda o: o.delta)
         if self.cfg.min_gain is not None and best.delta <= self.cfg.min_gain:
-            return Plan(best.problem, best.plain_ids, best.plain_ids, best.source, None, best.delta)
+            return Plan(best.problem, best.plain_ids, best.plain_ids, best.source, None, best.delta, gated_out=True)
         return best
 
     # ---- the round ---------------------------------------------------------------------------------------------
@@ -186,11 +196,16 @@ class HintedRescue:
         for p in plans:
             if p.delta is not None:
                 out.deltas.append(p.delta)
-            if p.hint is None and self.cfg.hint != "none":
+            if p.gated_out:
                 out.count(p.source, "hints_gated_out")
         k = self.cfg.samples
         seed = zlib.crc32(f"{self.seed}:{self.policy}:{step}:rescue".encode())
-        groups = self.sample([p.sampled_ids for p in plans], k, seed)
+        try:
+            groups = self.sample([p.sampled_ids for p in plans], k, seed, step)
+        except RescueUnavailable as e:  # the step trains without its second round, and says why
+            out.refused[f"unavailable_{e.reason}"] += 1
+            log.warning("policy %s: no rescue samples at step %d (%s)", self.policy, step, e)
+            return out
         samples, owners = self._cut([s for g in groups for s in g]), [p for p in plans for _ in range(k)]
         texts = [t for _, t in samples]
         rewards = self.verifier.score_many([p.problem for p in owners], texts)

@@ -123,7 +123,8 @@ class Learner:
         self.opt = torch.optim.AdamW([q for q in self.model.parameters() if q.requires_grad], lr=settings.optim.lr,
                                      weight_decay=settings.optim.weight_decay, fused=True)
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
-        self.own_intake = OwnIntake(policy, self.own, tokenizer, _context_limit(self.model.config),
+        self.context_limit = _context_limit(self.model.config)  # positions the model has (prompt and completion)
+        self.own_intake = OwnIntake(policy, self.own, tokenizer, self.context_limit,
                                     self.model.get_input_embeddings().num_embeddings,
                                     max_lag=settings.staleness.max_staleness if settings.staleness.pipelined else None,
                                     group_size=settings.group_size, newest_version=lambda: self.weights.version)

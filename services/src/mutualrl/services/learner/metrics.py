@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from mutualrl.runtime.stage_metrics import StageMetrics
 from mutualrl.see import ExperienceExchange, SeeCollector
+from mutualrl.services.learner.hinted_rescue import EDGE_COUNTS, HINT_REFUSALS
 from mutualrl.services.learner.learner import Learner
 
 PEER_REJECTION_REASONS = (
@@ -26,7 +27,7 @@ EDGE_EVENTS = ("offered", "used", "stale", "thl_rejected", "rescues")
 class LearnerMetrics:
     """One learner's series in its own registry (served by the service's ops endpoint)."""
 
-    def __init__(self, policy: str, peers: list[str], exchange: ExperienceExchange):
+    def __init__(self, policy: str, peers: list[str], exchange: ExperienceExchange, rescue: bool = False):
         self.policy = policy
         self.registry = r = CollectorRegistry()
         self.step = Gauge("mutualrl_step", "Last step this service finished.", ["policy", "role"], registry=r)
@@ -85,6 +86,9 @@ class LearnerMetrics:
                              "Peer experience per sharing edge (source -> this receiver): offered, used (rows and "
                              "stats), refused as stale, refused by THL, and rescues.",
                              ["policy", "source", "event"], registry=r)
+        self.hint_refused = Counter("mutualrl_hint_refused", "SGT-R hints refused (the prompt got plain samples), "
+                                    "or rescue rounds that got no samples, by reason.", ["policy", "reason"],
+                                    registry=r)
         self.quarantines = Counter("mutualrl_peer_quarantine_events",
                                    "Peers entering or leaving quarantine at this receiver.",
                                    ["policy", "peer", "action"], registry=r)
@@ -98,8 +102,10 @@ class LearnerMetrics:
         self.rescues.labels(policy)
         for q in peers:
             self.quarantined.labels(policy, q).set(0)
-            for event in EDGE_EVENTS:
+            for event in EDGE_EVENTS + (EDGE_COUNTS if rescue else ()):  # SGT-R's hints and rescue samples
                 self.edges.labels(policy, q, event)
+        for reason in HINT_REFUSALS if rescue else ():
+            self.hint_refused.labels(policy, reason)
         r.register(SeeCollector(exchange))
         self.stages = StageMetrics(r, policy, "learner")
         self._own_reported: dict[str, int] = {}  # own rejections already exported, by reason
@@ -135,6 +141,8 @@ class LearnerMetrics:
         self.shared_in.labels(p).inc(rec.get("shared_in", 0))
         for reason, n in (rec.get("peer_rejected") or {}).items():
             self.rejected.labels(p, reason).inc(n)
+        for reason, n in (rec.get("hint_refused") or {}).items():
+            self.hint_refused.labels(p, reason).inc(n)
         self.rescored.labels(p).inc(rec.get("peer_rescored") or 0)
         for key, n in list(learner.totals.items()):
             if key.startswith("own_rejected:") or key in ("own_duplicate", "own_rescored"):

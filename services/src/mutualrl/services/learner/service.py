@@ -122,7 +122,7 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
     metrics_path = ctx.state_dir / f"{p.name}.metrics.jsonl"
     _write_missing(metrics_path, loop.records)
 
-    metrics = LearnerMetrics(p.name, peers, ctx.exchange)
+    metrics = LearnerMetrics(p.name, peers, ctx.exchange, rescue=learner.rescue is not None)
     status = {"step": done}
 
     def peer_lag() -> int:

@@ -16,6 +16,7 @@ from mutualrl.services.learner.hinted_rescue import HintedRescue, SampleFn
 from mutualrl.services.learner.learner import Learner, LearnerSettings
 from mutualrl.services.learner.modes import MODES
 from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
+from mutualrl.services.learner.rescue_requests import ExchangeSampler
 from mutualrl.tasks import Verifier
 from mutualrl.thl import ThlBudget
 from mutualrl.weights import WeightSender, WeightStore
@@ -88,7 +89,8 @@ def make_learner(
                              "and this learner was given none")
         learner.rescue = HintedRescue(p.name, sharing.sgt_r, pp.arts.tokenizer, prompt_style(cfg, p), verifier,
                                       cfg.task.answer_format or "whole", rescue_sample, learner.logprobs_now,
-                                      group_size=cfg.budget.group_size, seed=cfg.seed)
+                                      group_size=cfg.budget.group_size, seed=cfg.seed,
+                                      max_context=learner.context_limit, max_new_tokens=cfg.budget.max_new_tokens)
     return learner
 
 
@@ -127,8 +129,12 @@ def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier,
         if i != index:
             tok = peer_tokenizer(cfg, i, task, cache)
             tokenizers.register(tokenizer_fingerprint(tok), tok)
+    rescue = None
+    if receiver_sharing(cfg, pp.config.name)[1].mode == "sgt_r":  # its rollout service samples the rescue round
+        rescue = ExchangeSampler(pp.config.name, exchange, pp.arts.model.get_input_embeddings().num_embeddings,
+                                 deadline_s=cfg.launcher.rollout_deadline_s)
     return pp, make_learner(cfg, pp, exchange, with_deltas(cfg, pp, store), tokenizers, verifier,
-                            peer_deadline_s=cfg.launcher.rollout_deadline_s, device=device)
+                            peer_deadline_s=cfg.launcher.rollout_deadline_s, device=device, rescue_sample=rescue)
 
 
 def learner_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_group: str | None) -> WeightSender:

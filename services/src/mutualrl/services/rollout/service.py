@@ -13,6 +13,7 @@ collective transport, a version broadcast before it rejoined is asked for again 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -25,6 +26,7 @@ from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service
 from mutualrl.runtime.shard import shard_from_env
 from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
 from mutualrl.services.rollout.metrics import RolloutMetrics
+from mutualrl.services.rollout.rescue_responder import SampleResponder
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
 from mutualrl.services.rollout.setup import make_worker
 from mutualrl.v1 import experience_pb2 as pb
@@ -84,11 +86,6 @@ def run_rollout_service(args: ServiceArgs) -> int:
         log.info("joining the learner's weight group",
                  extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
 
-    def announced() -> tuple[int, str] | None:
-        """The newest (version, checksum) this policy's learner announced on SEE."""
-        wp = ctx.exchange.last("weights_published", p.name)
-        return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
-
     store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group,
                               newest=lambda: newest_announced(ctx.exchange, p.name))
     engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source,
@@ -102,7 +99,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
     c = pp.arts.model.config
     context = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
     servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, prompt_style(cfg, p),
-                               max_context=context, announced=announced,
+                               max_context=context, announced=partial(_announced, ctx.exchange, p.name),
                                update_token=update_weights_token(key, p.name) if key else None)
     server, grpc_port = serve(servicer, cfg.launcher.host, args.grpc_port, tls=_tls(cfg.launcher))
     metrics = RolloutMetrics(p.name, registry, ctx.exchange)
@@ -130,6 +127,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
                                on_refused=lambda v, e: metrics.refused.labels(p.name).inc())
     worker.weights_step = follower.served_step
     follower.follow(stop)
+    _answer_rescue_requests(ctx, engine, worker.sampling, context, log, shard.index, stop)
     try:
         while step <= cfg.budget.steps and not stop.is_set():
             # bounded staleness: the learner finished step t-1-k and its newest version is served
@@ -151,6 +149,20 @@ def run_rollout_service(args: ServiceArgs) -> int:
         ledger.close()
         log.info("stopped")
     return 0
+
+
+def _announced(exchange, policy: str) -> tuple[int, str] | None:
+    """The newest (version, checksum) this policy's learner announced on SEE."""
+    wp = exchange.last("weights_published", policy)
+    return (int(wp.payload.version), wp.payload.checksum) if wp is not None else None
+
+
+def _answer_rescue_requests(ctx: ServiceContext, engine, spec, context: int | None, log, replica: int, stop) -> None:
+    """Under SGT-R the learner's rescue round samples on this engine (rescue_responder.py): answer it in a thread."""
+    cfg, name = ctx.cfg, ctx.policy_cfg.name
+    if cfg.sharing.for_receiver(name, [q.name for q in cfg.policies])[1].mode == "sgt_r":
+        SampleResponder(name, ctx.exchange, engine, spec, lambda: ctx.last_step("learner"), max_context=context,
+                        log=log, consumer=str(replica)).serve(stop)
 
 
 def _loaded(metrics, policy: str, version: int, follower: WeightsFollower) -> None:

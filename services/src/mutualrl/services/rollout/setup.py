@@ -23,10 +23,10 @@ def make_worker(cfg: ExperimentConfig, pp: PreparedPolicy, engine: RolloutEngine
                          sampling=spec, seed=cfg.seed, prompt_style=prompt_style(cfg, p))
 
 
-def engine_sampler(engine: RolloutEngine, spec: SamplingSpec) -> Callable[[list[list[int]], int, int], list[list]]:
-    """``sample(prompt_token_ids, n, seed)`` on ``engine`` at the policy's sampling settings: SGT-R's rescue round
-    when the learner sits beside its engine (``mutualrl run``)."""
-    def sample(prompts: list[list[int]], n: int, seed: int) -> list[list]:
+def engine_sampler(engine: RolloutEngine, spec: SamplingSpec) -> Callable[..., list[list]]:
+    """``sample(prompt_token_ids, n, seed, step)`` on ``engine`` at the policy's sampling settings: SGT-R's rescue
+    round when the learner sits beside its engine (``mutualrl run``)."""
+    def sample(prompts: list[list[int]], n: int, seed: int, step: int = 0) -> list[list]:
         return engine.generate(prompts, dataclasses.replace(spec, n=n, seed=seed))
 
     return sample
