@@ -76,8 +76,10 @@ def main() -> None:
             res = run_measured([*cli, mode, str(cfg_file), "--out", str(out)], where / f"{mode}.log")
             res.update(per_policy(out / "metrics.jsonl"))
             figures[mode] = res
-            print(f"{mode}: {res['steps']} steps, peak {res['peak_rss_gib']:.1f} GiB, {res['step_s']} s/step; "
-                  "processes " + ", ".join(f"{k} {v:.1f}" for k, v in res["process_peak_gib"].items()), flush=True)
+            print(f"{mode}: {res['steps']} steps, peak {res['peak_rss_gib']:.1f} GiB resident, "
+                  f"{res['peak_anon_gib']:.1f} GiB anonymous + shared, {res['step_s']} s/step; processes (resident / "
+                  "anonymous) " + ", ".join(f"{k} {v:.1f}/{res['process_peak_anon_gib'][k]:.1f}"
+                                            for k, v in res["process_peak_gib"].items()), flush=True)
             if args.json:
                 args.json.write_text(json.dumps(figures, indent=2))
     missed = [m for m in ("run", "up") if m in figures and figures[m]["peak_rss_gib"] > 16.0]

@@ -1,5 +1,10 @@
 """A command's memory as the benchmarks measure it: the peak of its process tree's summed resident memory, each
-process's own peak by role (a service of `mutualrl up`, Redis, the launcher), and its wall time (from /proc)."""
+process's own peak by role (a service of `mutualrl up`, Redis, the launcher), and its wall time (from /proc).
+
+Two measures of resident memory: ``rss`` (VmRSS: everything mapped and in RAM, including pages of files a process
+maps — a weights file it reads through mmap — which the kernel can drop and read again) and ``anon`` (RssAnon +
+RssShmem: what the kernel cannot drop without swap; tensors a process allocated, shared-memory weight slots). A
+run is killed for memory by the second."""
 
 from __future__ import annotations
 
@@ -10,8 +15,9 @@ import time
 from pathlib import Path
 
 
-def process_tree(pid: int) -> dict[int, tuple[int, str]]:
-    """{pid: (resident bytes, command line)} of ``pid`` and its descendants (from /proc)."""
+def process_tree(pid: int) -> dict[int, tuple[int, int, str]]:
+    """{pid: (resident bytes, anonymous + shared-memory resident bytes, command line)} of ``pid`` and its descendants
+    (from /proc)."""
     children: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -25,12 +31,14 @@ def process_tree(pid: int) -> dict[int, tuple[int, str]]:
         p = todo.pop()
         todo += children.get(p, [])
         try:
-            rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{p}/status").read_text().splitlines()
-                       if line.startswith("VmRSS:"))
+            status = {line.split(":")[0]: int(line.split()[1]) * 1024
+                      for line in Path(f"/proc/{p}/status").read_text().splitlines()
+                      if line.startswith(("VmRSS:", "RssAnon:", "RssShmem:"))}
             cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except (OSError, StopIteration):
+        except OSError:
             continue
-        out[p] = (rss, cmd)
+        if "VmRSS" in status:
+            out[p] = (status["VmRSS"], status.get("RssAnon", 0) + status.get("RssShmem", 0), cmd)
     return out
 
 
@@ -49,10 +57,12 @@ def role(cmd: str) -> str:
 
 
 def run_measured(cmd: list[str], log: Path) -> dict:
-    """Run ``cmd`` to the end: the peak of the tree's summed RSS (``peak_rss_gib``), each process's own peak by role
-    (``process_peak_gib``), wall seconds. Exits naming the log when the command fails."""
-    peak = [0]
+    """Run ``cmd`` to the end: the peak of the tree's summed RSS (``peak_rss_gib``) and of its summed anonymous and
+    shared memory (``peak_anon_gib``), each process's own peaks by role (``process_peak_gib``,
+    ``process_peak_anon_gib``), wall seconds. Exits naming the log when the command fails."""
+    peak = [0, 0]
     per_role: dict[str, int] = {}
+    per_role_anon: dict[str, int] = {}
     with log.open("w") as f:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
@@ -62,10 +72,12 @@ def run_measured(cmd: list[str], log: Path) -> dict:
         def sample() -> None:
             while not stop.is_set():
                 tree = process_tree(proc.pid)
-                peak[0] = max(peak[0], sum(r for r, _ in tree.values()))
-                for rss, c in tree.values():
+                peak[0] = max(peak[0], sum(r for r, _, _ in tree.values()))
+                peak[1] = max(peak[1], sum(a for _, a, _ in tree.values()))
+                for rss, anon, c in tree.values():
                     name = role(c)
                     per_role[name] = max(per_role.get(name, 0), rss)
+                    per_role_anon[name] = max(per_role_anon.get(name, 0), anon)
                 stop.wait(0.25)
 
         th = threading.Thread(target=sample, daemon=True)
@@ -75,5 +87,7 @@ def run_measured(cmd: list[str], log: Path) -> dict:
         th.join()
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} failed (exit {rc}); log: {log}\n" + log.read_text()[-3000:])
-    return {"peak_rss_gib": peak[0] / 2**30, "process_peak_gib": {k: v / 2**30 for k, v in sorted(per_role.items())},
+    return {"peak_rss_gib": peak[0] / 2**30, "peak_anon_gib": peak[1] / 2**30,
+            "process_peak_gib": {k: v / 2**30 for k, v in sorted(per_role.items())},
+            "process_peak_anon_gib": {k: v / 2**30 for k, v in sorted(per_role_anon.items())},
             "wall_s": time.monotonic() - t0}

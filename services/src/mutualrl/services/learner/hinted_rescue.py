@@ -49,8 +49,8 @@ EDGE_COUNTS = ("hints_offered", "hints_gated_out", "hints_masked", "hints_refuse
 """What a step counts per incoming edge (records, Prometheus, the sharing dashboard)."""
 
 HINT_DELIMITERS = ("<hint>", "</hint>")
-HINT_REFUSALS = ("frame", "control_token", "unspellable", "too_long", "context", "unavailable_timeout", "unavailable_refused",
-                 "unavailable_malformed")
+HINT_REFUSALS = ("frame", "control_token", "unspellable", "too_long", "context", "unavailable_timeout",
+                 "unavailable_refused", "unavailable_malformed")
 """Why a hint was not shown (its prompt got plain samples), or why a round got no samples at all."""
 
 
