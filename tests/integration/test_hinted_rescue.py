@@ -1,4 +1,4 @@
-"""SGT-R's rescue round on tiny built models (docs/algorithms.md §3.4): a real learner, its real engine sampling the
+"""SGT-R's rescue round on tiny built models (docs/algorithms.md §3.5): a real learner, its real engine sampling the
 learner's module as ``mutualrl run`` does, a peer's verified successes on the in-process SEE.
 
 The receiver's verifier is a test oracle: it accepts a completion whose last number is the answer (as the task's

@@ -1,4 +1,4 @@
-"""SGT-R's pure pieces (docs/algorithms.md §3.4) against hand-computed values: the per-token weight toward the
+"""SGT-R's pure pieces (docs/algorithms.md §3.5) against hand-computed values: the per-token weight toward the
 hint-free policy, the rescued rows' advantages, the hint's shrinking share, answer masking that keeps the form, and
 the SGT NLL's style guards (§3.3)."""
 

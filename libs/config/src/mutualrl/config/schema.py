@@ -359,7 +359,7 @@ class SgtConfig(_Strict):
 
 class SgtRConfig(_Strict):
     """SGT-R: a peer's verified success as a hint in the receiver's prompt; the receiver learns from the
-    completions it samples itself (docs/algorithms.md §3.4, our design)."""
+    completions it samples itself (docs/algorithms.md §3.5, our design)."""
 
     hint: Literal["peer", "reference", "none"] = Field(
         "peer", description="What the rescue samples see: peer — a peer's re-verified success, its answer masked; "

@@ -1,5 +1,5 @@
 """SGT-R: a peer's verified success as a hint; the receiver learns from completions it wrote itself
-(docs/algorithms.md §3.4, our design).
+(docs/algorithms.md §3.5, our design).
 
 The receiver samples k completions of prompt x with a hint h (the peer's text, its answer masked) in its context;
 the verifier scores them; the verified ones train the receiver *under the hint-free prompt x*. Three pure pieces:
@@ -29,7 +29,7 @@ from mutualrl.grpo.policy_loss import masked_mean
 
 def hint_weights(hint_free_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, *,
                  w_min: float, w_max: float, sequence_level: bool = False) -> tuple[torch.Tensor, dict]:
-    """Detached weights of rescued tokens toward the hint-free policy (§3.4).
+    """Detached weights of rescued tokens toward the hint-free policy (§3.5).
 
     hint_free_logp [B, T]: the receiver's log-probs of the rescued tokens under the plain prompt at the start of the
     step; behaviour_logp [B, T]: the hinted sampling's; mask [B, T]. Token losses get ``w`` [B, T] =
@@ -52,7 +52,7 @@ def hint_weights(hint_free_logp: torch.Tensor, behaviour_logp: torch.Tensor, mas
 
 def rescue_advantages(own_rewards: torch.Tensor, own_groups: torch.Tensor, rescue_rewards: torch.Tensor,
                       rescue_groups: torch.Tensor, *, norm_by_std: bool = True, epsilon: float = 1e-6) -> torch.Tensor:
-    """Advantages of rescued rows [R]: ``max(r_i − b_g, 0) / (σ_g + ε)`` (§3.4), ``b_g`` the mean of group g's own
+    """Advantages of rescued rows [R]: ``max(r_i − b_g, 0) / (σ_g + ε)`` (§3.5), ``b_g`` the mean of group g's own
     rewards, ``σ_g`` the unbiased std of its own and rescued rewards together (without ``norm_by_std``: Dr.GRPO's
     unscaled difference). A group with no own rows has ``b_g = 0``.
 

@@ -1,4 +1,4 @@
-"""A peer's verified success as a hint in a receiver's prompt (SGT-R, docs/algorithms.md §3.4).
+"""A peer's verified success as a hint in a receiver's prompt (SGT-R, docs/algorithms.md §3.5).
 
 The hint is data, not instructions: it sits inside :data:`HINT_TEMPLATE`, a fixed frame around the task's own
 question, and the whole text then goes through the receiver's own prompt style (chat template or completion form)

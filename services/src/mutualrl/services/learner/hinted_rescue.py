@@ -1,5 +1,5 @@
 """SGT-R's second round within a step: rescue samples of the receiver's own, on prompts a peer solved
-(docs/algorithms.md §3.4).
+(docs/algorithms.md §3.5).
 
 After the step's own rollouts and peers' re-verified successes are in, each own group at or under the gate that a
 peer solved (or, for the controls, any such group) gets k more samples from the receiver's own engine — on the
@@ -169,7 +169,7 @@ class HintedRescue:
         return plans
 
     def _gate(self, options: list[Plan]) -> Plan:
-        """The information gate (§3.4): Δ = log π(answer in its form | x, hint) − log π(same | x) for each hint; the
+        """The information gate (§3.5): Δ = log π(answer in its form | x, hint) − log π(same | x) for each hint; the
         best one is used when Δ exceeds ``min_gain``, else the prompt gets plain samples."""
         form = required_form(options[0].problem.answer, self.answer_format)
         if self.style is not None and self.style.form(self.tok) == "completion":

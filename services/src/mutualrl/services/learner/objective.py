@@ -102,7 +102,7 @@ class LossInputs:
     ref_logp: torch.Tensor | None = None  # [b, T] the reference model's log-probs when a KL term is on
     # [b, T] π_prox: the learner's log-probs at the start of the step, when sampling is pipelined (§6)
     prox_logp: torch.Tensor | None = None
-    # [b, T] detached per-token weights of the advantages (SGT-R's rescued rows, §3.4); None: all 1
+    # [b, T] detached per-token weights of the advantages (SGT-R's rescued rows, §3.5); None: all 1
     token_weight: torch.Tensor | None = None
 
 

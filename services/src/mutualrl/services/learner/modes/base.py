@@ -176,7 +176,7 @@ class SharingMode:
         kw = dict(clip_low=self.clip_low, clip_high=self.clip_high, clip_ratio_c=self.a.clip_ratio_c,
                   loss_agg=self.a.loss_agg, norm_len=self.norm_len)
         logp, adv, mask = x.logp[rows], x.advantages[rows], x.mask[rows]
-        if x.token_weight is not None:  # detached per-token weights (SGT-R's rescued rows, §3.4): w·Â
+        if x.token_weight is not None:  # detached per-token weights (SGT-R's rescued rows, §3.5): w·Â
             w = x.token_weight[rows]
             adv = adv * sequence_mean(w, mask) if self.sequence_level else adv[:, None] * w
         if x.prox_logp is None:

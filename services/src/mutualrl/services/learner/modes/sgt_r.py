@@ -1,5 +1,5 @@
 """``sgt_r``: a peer's verified success as a hint; the receiver learns from the completions it writes itself
-(docs/algorithms.md §3.4 — our design, not the Mutual RL paper's SGT)."""
+(docs/algorithms.md §3.5 — our design, not the Mutual RL paper's SGT)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class HintedSuccessTransfer(SharingMode):
     ``sharing.sgt_r``."""
 
     name = "sgt_r"
-    section = "§3.4 SGT-R"
+    section = "§3.5 SGT-R"
     peer_kinds = ("verified_success",)
     record_keys = (*EDGE_COUNTS, "hint_refused", "hint_delta_mean", "hint_weight_mean", "hint_floored_frac",
                    "hint_capped_frac")
