@@ -95,10 +95,13 @@ DASHBOARDS = (
               legend="{{policy}} {{reason}}"),
         Panel("Peer experience used per second", ("sum by (policy) (rate(mutualrl_shared_in_total[5m]))",)),
         Panel("Rescues (SGT) per second", ("sum by (policy) (rate(mutualrl_rescues_total[5m]))",)),
+        Panel("SGT-R hints refused, and rescue rounds without samples, by reason",
+              ("sum by (policy, reason) (rate(mutualrl_hint_refused_total[5m]))",), legend="{{policy}} {{reason}}"),
         Panel("Verified successes shared per second", ("sum by (policy) (rate(mutualrl_shared_out_total[5m]))",)),
         # the sharing graph: a row per receiving learner, in it a panel per incoming edge
         Panel("Edges into $receiver", (), kind="row", repeat="receiver"),
-        Panel("Edge $source → $receiver: offered, used, stale, refused by THL, rescues (per second)",
+        Panel("Edge $source → $receiver: offered, used, stale, refused by THL, rescues; SGT-R hints and rescue samples "
+              "(per second)",
               ("sum by (event) (rate(mutualrl_edge_messages_total{policy=~\"$receiver\", source=~\"$source\"}[5m]))",),
               legend="{{event}}", repeat="source"),
     ), variables=(Variable("receiver", "mutualrl_edge_messages_total", "policy"),

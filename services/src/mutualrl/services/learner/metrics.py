@@ -104,7 +104,7 @@ class LearnerMetrics:
             self.quarantined.labels(policy, q).set(0)
             for event in EDGE_EVENTS + (EDGE_COUNTS if rescue else ()):  # SGT-R's hints and rescue samples
                 self.edges.labels(policy, q, event)
-        for reason in HINT_REFUSALS if rescue else ():
+        for reason in HINT_REFUSALS:  # from 0 in every mode: the dashboard's panel shows "none", not "no data"
             self.hint_refused.labels(policy, reason)
         r.register(SeeCollector(exchange))
         self.stages = StageMetrics(r, policy, "learner")
