@@ -202,3 +202,17 @@ def test_hacpo_paper_schedule_scales_the_learning_rate_by_its_updates():
     assert learner_optim(off.sharing, off.policies[0].optim, 1).lr == 4e-4
     grpo = parse_config(text.replace("{mode: hacpo}", "{mode: none}"), "t")
     assert learner_optim(grpo.sharing, grpo.policies[0].optim, 1).lr == 4e-4
+
+
+def test_a_policy_can_have_its_own_evaluation_cadence_and_a_cadence_must_name_a_policy():
+    from mutualrl.config import ExperimentConfig
+
+    base = {"name": "x", "policies": [{"name": "a", "model": {"family": "llama"}, "tokenizer": {"kind": "char"}},
+                                      {"name": "b", "model": {"family": "llama"}, "tokenizer": {"kind": "char"}}],
+            "task": {"name": "arithmetic"}, "sharing": {"mode": "sgt"}, "eval": {"every": 2}}
+    cfg = ExperimentConfig.model_validate({**base, "eval": {"every": 2, "every_for": {"b": 20}}})
+    assert cfg.eval_every("a") == 2 and cfg.eval_every("b") == 20
+    with pytest.raises(ValueError, match="every_for names no policy: c"):
+        ExperimentConfig.model_validate({**base, "eval": {"every_for": {"c": 5}}})
+    with pytest.raises(ValueError, match="at least 1 step"):
+        ExperimentConfig.model_validate({**base, "eval": {"every_for": {"a": 0}}})

@@ -121,7 +121,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
         learner = make_learner(cfg, pp, exchange, SharedModelSender() if share else store, registry, verifier,
                                rescue_sample=engine_sampler(engine, worker.sampling))
         loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg),
-                           steps=cfg.budget.steps, eval_every=cfg.eval.every)
+                           steps=cfg.budget.steps, eval_every=cfg.eval_every(p.name))
         runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps, pass_rate))
     return runtimes
 

@@ -372,8 +372,10 @@ class SgtRConfig(_Strict):
     gate_tau: float = Field(0.0, ge=0, le=1, description="Rescue a prompt when own successes <= tau*G (0: all-fail "
                             "groups only).")
     show: Literal["all", "reasoning", "prefix"] = Field(
-        "prefix", description="How much of the peer's text the hint shows: all of it, its reasoning (the text "
-        "before its final answer), or its first fraction (prefix_start -> prefix_end over prefix_steps).")
+        "all", description="How much of the peer's text the hint shows: all of it (its answer masked, its form "
+        "kept: what a receiver that never writes the required form needs to see), its reasoning (the text before "
+        "its final answer), or its first fraction (prefix_start -> prefix_end over prefix_steps, QuestA's "
+        "schedule).")
     prefix_start: float = Field(0.75, gt=0, le=1, description="The share of the peer's text shown at step 1.")
     prefix_end: float = Field(0.25, gt=0, le=1, description="The share shown after prefix_steps steps.")
     prefix_steps: int = Field(20, ge=0, description="Steps over which the shown share shrinks (0: prefix_start "
@@ -584,6 +586,9 @@ class EvalConfig(_Strict):
     """How often and on how many held-out problems greedy accuracy is measured."""
     every: int = Field(5, ge=1, description="Held-out greedy evaluation every N steps (and at the end).")
     size: int = Field(256, ge=1, description="Held-out problems per evaluation.")
+    every_for: dict[str, int] = Field(default_factory=dict, description="A policy's own cadence, overriding "
+                                      "`every` (e.g. a peer whose accuracy is not the question: its `steps`, so it is "
+                                      "evaluated at the start and the end only).")
     pass_rate_check: bool = Field(True, description="Before RL, sample each pretrained policy once on up to "
                                   "pass_rate_problems held-out problems at its own temperature: a policy at 0 % gets "
                                   "a WARNING and summary.json says GRPO has no signal for it, with the answer formats "
@@ -799,6 +804,22 @@ class ExperimentConfig(_Strict):
         from mutualrl.tasks.answers import INSTRUCTIONS
 
         return INSTRUCTIONS[self.task.answer_format]
+
+    def eval_every(self, policy: str) -> int:
+        """How often ``policy`` is evaluated (``eval.every_for``, else ``eval.every``)."""
+        return self.eval.every_for.get(policy, self.eval.every)
+
+    @model_validator(mode="after")
+    def _eval_cadences_name_policies(self) -> "ExperimentConfig":
+        names = {p.name for p in self.policies}
+        unknown = sorted(set(self.eval.every_for) - names)
+        if unknown:
+            raise ValueError(f"eval.every_for names no policy: {', '.join(unknown)} "
+                             f"(policies: {', '.join(sorted(names))})")
+        bad = sorted(n for n, k in self.eval.every_for.items() if k < 1)
+        if bad:
+            raise ValueError(f"eval.every_for: a cadence must be at least 1 step ({', '.join(bad)})")
+        return self
 
     @model_validator(mode="after")
     def _sharing_needs_peers(self) -> "ExperimentConfig":

@@ -110,7 +110,7 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
                                   shard=_shard_fn(cfg, p) if ranks else None,
                                   device=rank_device(p, 0) if ranks else None)
     loop = LearnerLoop(learner, lambda model: evaluate(pp, model, ctx.task, ctx.verifier, cfg), steps=cfg.budget.steps,
-                       eval_every=cfg.eval.every,
+                       eval_every=cfg.eval_every(p.name),
                        checkpoints=Checkpoints(ctx.state_dir / f"{p.name}.learner.state.pt", cfg.checkpoint.every),
                        lockstep=ranks)
     peers = learner.peers  # the sources of its incoming sharing edges (every other policy without edges)
