@@ -152,7 +152,7 @@ class HintedRescue:
                 out.count(source, "hints_offered")
                 reason = self._refusal(hint)
                 hinted = encode_prompt(self.tok, hint.question, self.style)
-                if self.max_context and len(hinted) + self.max_new_tokens > self.max_context:
+                if reason is None and self.max_context and len(hinted) + self.max_new_tokens > self.max_context:
                     reason = "context"  # the hinted prompt leaves the model no room to answer
                 if reason is not None:
                     out.count(source, "hints_refused")
