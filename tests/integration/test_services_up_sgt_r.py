@@ -8,7 +8,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from test_services_up import _health, _services, _wait
+from test_services_up import _health, _wait
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,9 +24,16 @@ def test_rescue_samples_flow_between_learner_and_rollout_services_with_per_edge_
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        svcs = _services(out)
+        def alive(pred):  # a run that died says so at once, not after the wait's deadline
+            def check():
+                assert proc.poll() is None, proc.stdout.read()[-3000:]
+                return pred()
+            return check
+
+        svcs = _wait(alive(lambda: json.loads((out / "services.json").read_text())["services"]
+                           if (out / "services.json").is_file() else None), 600, "services.json")
         learners = {n: s for n, s in svcs.items() if s["role"] == "learner"}
-        _wait(lambda: all(_health(s["ops"]).get("step", 0) >= 1 for s in learners.values()), 600, "step 1")
+        _wait(alive(lambda: all(_health(s["ops"]).get("step", 0) >= 1 for s in learners.values())), 600, "step 1")
         scraped = {n: urllib.request.urlopen(s["ops"] + "/metrics", timeout=5).read().decode()
                    for n, s in learners.items()}
         output = proc.communicate(timeout=900)[0]
@@ -40,6 +47,9 @@ def test_rescue_samples_flow_between_learner_and_rollout_services_with_per_edge_
         mine = [r for r in steps if r["policy"] == name]
         assert sum(r["rescue_samples"] for r in mine) > 0, mine  # its rollout service answered the rounds
         assert not any(k.startswith("unavailable") for r in mine for k in (r["hint_refused"] or {}))
+    for name in ("llama-char", "qwen-bpe"):  # every evaluation kept problem by problem: step 0 and the last
+        evals = [json.loads(l) for l in (out / "evals" / f"{name}.jsonl").read_text().splitlines()]
+        assert [e["step"] for e in evals] == [0, 2] and all(len(e["correct"]) == len(e["texts"]) == 32 for e in evals)
     for name, text in scraped.items():  # after step 1: per edge, from 0, and counting
         assert 'mutualrl_edge_messages_total{event="rescue_samples"' in text, name
         assert 'mutualrl_hint_refused_total{policy=' in text, name

@@ -12,7 +12,6 @@ import sys
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -31,7 +30,13 @@ from mutualrl.runtime.outputs import (
     save_checkpoint,
     write_summary,
 )
-from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, pass_rate_before_rl, prepare_policy
+from mutualrl.runtime.policy_setup import (
+    build_task_from_config,
+    eval_log,
+    evaluate,
+    pass_rate_before_rl,
+    prepare_policy,
+)
 from mutualrl.services.learner import Learner, TokenizerRegistry
 from mutualrl.services.learner.loop import LearnerLoop
 from mutualrl.services.learner.setup import make_learner
@@ -97,7 +102,7 @@ class Reporter:
 
 
 def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange, store: WeightStore,
-                    rep: Reporter) -> list[PolicyRuntime]:
+                    rep: Reporter, out_dir: Path) -> list[PolicyRuntime]:
     """Every policy prepared (loaded, warm-started), evaluated at its starting point and given its
     engine, rollout worker, learner and learner loop."""
     registry = TokenizerRegistry()
@@ -108,7 +113,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
     for pp in prepared:
         p, arts = pp.config, pp.arts
         rep.phase(f"[{p.name}] evaluating the starting point")
-        ws_acc = evaluate(pp, arts.model, task, verifier, cfg)
+        ws_acc = evaluate(pp, arts.model, task, verifier, cfg, eval_log(out_dir, p.name), 0)
         if cfg.eval.pass_rate_check and p.model.path:
             rep.phase(f"[{p.name}] sampling its pass rate before RL")
         pass_rate = pass_rate_before_rl(pp, task, verifier, cfg, rep.warn)
@@ -120,7 +125,9 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
         worker = make_worker(cfg, pp, engine, exchange, verifier)
         learner = make_learner(cfg, pp, exchange, SharedModelSender() if share else store, registry, verifier,
                                rescue_sample=engine_sampler(engine, worker.sampling))
-        loop = LearnerLoop(learner, partial(evaluate, pp, task=task, verifier=verifier, cfg=cfg),
+        log = eval_log(out_dir, p.name)
+        loop = LearnerLoop(learner, lambda model, step, pp=pp, log=log: evaluate(pp, model, task, verifier, cfg, log,
+                                                                                step),
                            steps=cfg.budget.steps, eval_every=cfg.eval_every(p.name))
         runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps, pass_rate))
     return runtimes
@@ -216,7 +223,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     exchange = stack.enter_context(open_exchange(cfg))
     # external engines (vllm, sglang) read weights from disk; in-process ones share memory
     store = WeightStore(out_dir / "weights") if any(p.engine.backend != "hf" for p in cfg.policies) else WeightStore()
-    runtimes = _build_runtimes(cfg, task, verifier, cache, exchange, store, rep)
+    runtimes = _build_runtimes(cfg, task, verifier, cache, exchange, store, rep, out_dir)
 
     # the rollout side loads each version the learner announces (write, then announce, then load)
     followers = {rt.name: WeightsFollower(rt.name, exchange, store, rt.engine.update_weights,

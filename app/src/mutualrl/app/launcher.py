@@ -37,7 +37,13 @@ from mutualrl.runtime.exchange_setup import (
 )
 from mutualrl.runtime.memory import return_freed_memory
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, write_summary
-from mutualrl.runtime.policy_setup import build_task_from_config, evaluate, pass_rate_before_rl, prepare_policy
+from mutualrl.runtime.policy_setup import (
+    build_task_from_config,
+    eval_log,
+    evaluate,
+    pass_rate_before_rl,
+    prepare_policy,
+)
 from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.see.acl import ServiceUser, acl_file
 from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
@@ -127,7 +133,8 @@ class Supervisor:
         out = {}
         for i, p in enumerate(cfg.policies):
             pp = prepare_policy(cfg, i, task, verifier, cache, lambda s: self.echo(f"[up] {s}"))
-            out[p.name] = (evaluate(pp, pp.arts.model, task, verifier, cfg), pp.warm_steps, pp.arts.source,
+            out[p.name] = (evaluate(pp, pp.arts.model, task, verifier, cfg, eval_log(self.out, p.name), 0),
+                           pp.warm_steps, pp.arts.source,
                            pp.arts.num_params, pass_rate_before_rl(pp, task, verifier, cfg, self.echo))
             del pp  # one policy's model in this process at a time
             return_freed_memory(collect=True)  # and its pages back to the services this process starts next

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -20,13 +22,36 @@ def greedy_accuracy(
     prompt_style: PromptStyle | None = None,
 ) -> float:
     """Held-out accuracy: greedy completions of ``problems``, scored by ``verifier``."""
+    return greedy_eval(model, tok, problems, verifier, max_new_tokens, batch_size, prompt_style).accuracy
+
+
+@dataclass
+class EvalResult:
+    """One held-out evaluation: the accuracy, and per problem its greedy completion and score (what a per-problem
+    paired comparison and an answer-style analysis read)."""
+    accuracy: float
+    texts: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+    def record(self, step: int, problems: list[Problem]) -> dict:
+        """The line an evaluation log keeps: the step, the accuracy, each problem's id, score and completion."""
+        return {"step": step, "accuracy": self.accuracy, "prompt_ids": [p.prompt_id for p in problems],
+                "correct": "".join("1" if s > 0 else "0" for s in self.scores), "texts": self.texts}
+
+
+def greedy_eval(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: list[Problem], verifier: Verifier,
+                max_new_tokens: int, batch_size: int = 256, prompt_style: PromptStyle | None = None) -> EvalResult:
+    """:func:`greedy_accuracy` with each problem's completion and score."""
     if not problems:
-        return 0.0
-    correct = 0.0
+        return EvalResult(0.0)
+    texts: list[str] = []
+    scores: list[float] = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        correct += sum(verifier.score_many(chunk, scored_texts(model, tok, chunk, max_new_tokens, 0.0, prompt_style)))
-    return correct / len(problems)
+        chunk_texts = scored_texts(model, tok, chunk, max_new_tokens, 0.0, prompt_style)
+        texts += chunk_texts
+        scores += verifier.score_many(chunk, chunk_texts)
+    return EvalResult(sum(scores) / len(problems), texts, scores)
 
 
 def scored_texts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: list[Problem], max_new_tokens: int,

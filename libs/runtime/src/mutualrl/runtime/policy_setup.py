@@ -4,6 +4,7 @@ The services build their own parts from a `PreparedPolicy` (`make_worker`, `make
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from mutualrl.config.schema import PolicyConfig
 from mutualrl.models.families import ModelShape
 from mutualrl.models.policy import PolicyArtifacts, PromptStyle, load_policy, policy_tokenizer
 from mutualrl.models.precision import Precision, resolve_precision
-from mutualrl.runtime.evaluation import greedy_accuracy
+from mutualrl.runtime.evaluation import greedy_eval
 from mutualrl.runtime.warm_start import warm_start
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
 
@@ -135,10 +136,24 @@ def peer_tokenizer(cfg: ExperimentConfig, index: int, task: Task, cache: Path):
     return tok
 
 
-def evaluate(pp: PreparedPolicy, model, task: Task, verifier: Verifier, cfg: ExperimentConfig) -> float:
-    """A policy's held-out greedy accuracy on the first ``eval.size`` problems, prompted as in training."""
-    return greedy_accuracy(model, pp.arts.tokenizer, task.eval[: cfg.eval.size], verifier, cfg.budget.max_new_tokens,
-                           prompt_style=prompt_style(cfg, pp.config))
+def evaluate(pp: PreparedPolicy, model, task: Task, verifier: Verifier, cfg: ExperimentConfig,
+             log: Path | None = None, step: int = 0) -> float:
+    """A policy's held-out greedy accuracy on the first ``eval.size`` problems, prompted as in training. With
+    ``log`` (a run's ``evals/<policy>.jsonl``) each problem's completion and score are appended under ``step``:
+    the per-problem paired comparisons and the answer-style analysis of ``mutualrl compare`` read them."""
+    problems = task.eval[: cfg.eval.size]
+    res = greedy_eval(model, pp.arts.tokenizer, problems, verifier, cfg.budget.max_new_tokens,
+                      prompt_style=prompt_style(cfg, pp.config))
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.write(json.dumps(res.record(step, problems)) + "\n")
+    return res.accuracy
+
+
+def eval_log(out_dir: Path, policy: str) -> Path:
+    """Where a run keeps ``policy``'s per-problem evaluations."""
+    return out_dir / "evals" / f"{policy}.jsonl"
 
 
 def pass_rate_before_rl(pp: PreparedPolicy, task: Task, verifier: Verifier, cfg: ExperimentConfig,

@@ -99,10 +99,11 @@ class StepOutcome:
 class LearnerLoop:
     """Resume, step, evaluate, checkpoint, publish and finish one policy's learner.
 
-    ``evaluate(model)`` is the held-out accuracy (every ``eval_every`` steps and at the last);
+    ``evaluate(model, step)`` is the held-out accuracy (every ``eval_every`` steps and at the last);
     ``checkpoints`` None acknowledges each step at once (nothing to resume from)."""
 
-    def __init__(self, learner: Learner, evaluate: Callable[[torch.nn.Module], float], *, steps: int, eval_every: int,
+    def __init__(self, learner: Learner, evaluate: Callable[[torch.nn.Module, int], float], *, steps: int,
+                 eval_every: int,
                  checkpoints: Checkpoints | None = None, lockstep: Lockstep | None = None, rank: int = 0):
         self.learner = learner
         self._evaluate = evaluate
@@ -163,7 +164,7 @@ class LearnerLoop:
         rec["wall_time"] = time.time()
         if not skipped and (step % self.eval_every == 0 or step == self.steps):
             self.lockstep.send("eval")
-            rec["eval_accuracy"] = self.evaluate()
+            rec["eval_accuracy"] = self.evaluate(step)
         self.ledger[step] = learner.last_used if not skipped else {"own": [], "peer": []}
         self._unsaved.append(rec)
         if self.checkpoints is None:
@@ -190,9 +191,9 @@ class LearnerLoop:
         self.learner.apply_update(inputs, {"logprob": 0.0})
         self.learner.publish_weights(inputs.step)  # every rank gathers; rank 0 publishes
 
-    def evaluate(self) -> float:
-        """Held-out accuracy of the learner's current weights."""
-        return self._evaluate(self.learner.model)
+    def evaluate(self, step: int = 0) -> float:
+        """Held-out accuracy of the learner's current weights (at ``step``)."""
+        return self._evaluate(self.learner.model, step)
 
     def checkpoint(self, step: int) -> None:
         """This rank's checkpoint of ``step`` (rank 0's also holds the ledger and the records)."""

@@ -92,6 +92,14 @@ class LearnerMetrics:
         self.quarantines = Counter("mutualrl_peer_quarantine_events",
                                    "Peers entering or leaving quarantine at this receiver.",
                                    ["policy", "peer", "action"], registry=r)
+        self._start_at_zero(peers, rescue)
+        r.register(SeeCollector(exchange))
+        self.stages = StageMetrics(r, policy, "learner")
+        self._own_reported: dict[str, int] = {}  # own rejections already exported, by reason
+
+    def _start_at_zero(self, peers: list[str], rescue: bool) -> None:
+        """Every labelled series exported from the start, at 0: a dashboard shows "none yet", not "no data"."""
+        policy = self.policy
         for reason in PEER_REJECTION_REASONS:  # every reason exported from the start, at 0
             self.rejected.labels(policy, reason)
         for reason in OWN_REJECTION_REASONS:
@@ -106,9 +114,6 @@ class LearnerMetrics:
                 self.edges.labels(policy, q, event)
         for reason in HINT_REFUSALS:  # from 0 in every mode: the dashboard's panel shows "none", not "no data"
             self.hint_refused.labels(policy, reason)
-        r.register(SeeCollector(exchange))
-        self.stages = StageMetrics(r, policy, "learner")
-        self._own_reported: dict[str, int] = {}  # own rejections already exported, by reason
 
     def position(self, step: int, version: int, lag: int | None = None) -> None:
         """Where the learner is: its last step, weights version and how far the slowest peer lags."""

@@ -151,7 +151,7 @@ def run_learner_rank(config: Path, policy: str, out_dir: Path, rank: int, world:
                                         activation_checkpointing=p.resources.activation_checkpointing))
     pp, learner = service_learner(cfg, index, task, verifier, default_cache_dir(), exchange, WeightStore(), shard=shard,
                                   device=device)
-    loop = LearnerLoop(learner, lambda model: evaluate(pp, model, task, verifier, cfg), steps=cfg.budget.steps,
+    loop = LearnerLoop(learner, lambda model, step: evaluate(pp, model, task, verifier, cfg), steps=cfg.budget.steps,
                        eval_every=cfg.eval_every(pp.config.name),
                        checkpoints=Checkpoints(rank_state_path(out_dir / "services", policy, rank),
                                                cfg.checkpoint.every), rank=rank)

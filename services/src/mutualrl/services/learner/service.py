@@ -18,7 +18,7 @@ from mutualrl.models.sharding import shard_policy
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
-from mutualrl.runtime.policy_setup import evaluate
+from mutualrl.runtime.policy_setup import eval_log, evaluate
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.see.server import free_port
 from mutualrl.services.learner.loop import Checkpoints, LearnerLoop
@@ -109,7 +109,9 @@ def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup |
                                   lambda s: log.info(s),
                                   shard=_shard_fn(cfg, p) if ranks else None,
                                   device=rank_device(p, 0) if ranks else None)
-    loop = LearnerLoop(learner, lambda model: evaluate(pp, model, ctx.task, ctx.verifier, cfg), steps=cfg.budget.steps,
+    evals = eval_log(args.out_dir, p.name)
+    loop = LearnerLoop(learner, lambda model, step: evaluate(pp, model, ctx.task, ctx.verifier, cfg, evals, step),
+                       steps=cfg.budget.steps,
                        eval_every=cfg.eval_every(p.name),
                        checkpoints=Checkpoints(ctx.state_dir / f"{p.name}.learner.state.pt", cfg.checkpoint.every),
                        lockstep=ranks)
