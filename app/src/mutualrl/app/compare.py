@@ -32,6 +32,7 @@ import yaml
 
 from mutualrl.config import ConfigError, load_config
 from mutualrl.runtime.compare_stats import auc, ci95, paired, rollouts_to_target
+from mutualrl.runtime.eval_analysis import answer_style, correct_by_problem, per_problem_paired, read_evals
 from mutualrl.runtime.outputs import read_metrics
 
 
@@ -255,6 +256,47 @@ def _curves(d: Path) -> dict[str, list[tuple[float, float]]]:
     return out
 
 
+def _answer_format(d: Path) -> str:
+    """The answer format a run's task was scored in (its resolved config.yaml)."""
+    try:
+        return (yaml.safe_load((d / "config.yaml").read_text()).get("task") or {}).get("answer_format") or "whole"
+    except (OSError, yaml.YAMLError, AttributeError):
+        return "whole"
+
+
+SHARING_COUNTS = ("rescue_count", "hints_offered", "hints_gated_out", "hints_masked", "hints_refused", "rescue_samples",
+                  "rescued", "rescue_trained")
+"""Per-run sums of a policy's step records that say whether a mode was exercised at all."""
+
+
+def _sharing_counts(d: Path) -> dict[str, dict[str, float]]:
+    """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, and SGT-R's trained rescues per step."""
+    out: dict[str, dict[str, float]] = {}
+    for rec in read_metrics(d / "metrics.jsonl"):
+        if rec.get("phase") == "warm_start" or not rec.get("step"):
+            continue
+        c = out.setdefault(rec["policy"], {k: 0.0 for k in (*SHARING_COUNTS, "steps")})
+        c["steps"] += 1
+        for k in SHARING_COUNTS:
+            c[k] += float(rec.get(k) or 0)
+    for c in out.values():
+        c["trained_per_step"] = c["rescue_trained"] / c["steps"] if c["steps"] else 0.0
+    return out
+
+
+def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
+    """Each count's mean over an entry's runs."""
+    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]} if runs else None
+
+
+def _mean_style(runs: list[dict]) -> dict | None:
+    """Answer style (start and final evaluation) averaged over an entry's runs."""
+    if not runs:
+        return None
+    return {when: {k: (sum(v) / len(v) if (v := [r[when][k] for r in runs if r[when][k] is not None]) else None)
+                   for k in runs[0][when]} for when in ("start", "final")}
+
+
 def analyse(spec: CompareSpec, out: Path) -> dict:
     """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95), each seed's final
     accuracy, rollouts-to-target ratio against the baseline, and paired differences."""
@@ -275,12 +317,17 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 w = walls.setdefault(entry, {"run": [], "rl": []})
                 w["run"].append(float(summary.get("elapsed_s", 0.0)))
                 w["rl"].append(float(summary.get("rl_s", summary.get("elapsed_s", 0.0))))
-                curves = _curves(d)
+                curves, fmt, sharing = _curves(d), _answer_format(d), _sharing_counts(d)
                 for policy, p in summary["policies"].items():
+                    evals = read_evals(d / "evals" / f"{policy}.jsonl")
                     per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
                         "final": p["final_accuracy"], "start": p["warm_start_accuracy"],
                         "curve": curves.get(policy, []),
                         "rollouts": p.get("rollouts", 0),
+                        "correct": correct_by_problem(evals[-1]) if evals else None,
+                        "style": {"start": answer_style(evals[0]["texts"], fmt),
+                                  "final": answer_style(evals[-1]["texts"], fmt)} if evals else None,
+                        "sharing": sharing.get(policy),
                     }
         pair_out: dict = {}
         base = per.get(spec.baseline, {})
@@ -308,6 +355,12 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 b_finals = {s: v["final"] for s, v in base.get(policy, {}).items()}
                 comparable = set(finals) & set(b_finals) and entry != spec.baseline
                 row["paired_vs_baseline"] = paired(finals, b_finals) if comparable else None
+                correct = {s: v["correct"] for s, v in seeds.items() if v.get("correct")}
+                b_correct = {s: v["correct"] for s, v in base.get(policy, {}).items() if v.get("correct")}
+                row["per_problem_vs_baseline"] = per_problem_paired(correct, b_correct) \
+                    if entry != spec.baseline else None
+                row["style"] = _mean_style([v["style"] for v in seeds.values() if v.get("style")])
+                row["sharing"] = _mean_counts([v["sharing"] for v in seeds.values() if v.get("sharing")])
                 pair_out[entry][policy] = row
         results["pairs"][pair] = pair_out
         results["steps_by_pair"][pair] = sorted(steps_seen)
@@ -432,7 +485,7 @@ def report_md(results: dict) -> str:
                              f"{format_ci(r['gain'], signed=True)} | "
                              f"{format_ci(r['auc'])} | {format_ci(r['rollouts_to_target_ratio'], pct=False)} | "
                              f"{format_ci(r['paired_vs_baseline'], signed=True)} |")
-        lines += ["", *_wall_lines(results, pair)]
+        lines += ["", *_wall_lines(results, pair), *_detail_lines(entries, policies)]
     links = results.get("tracking") or {}
     if links:
         lines += ["## In a tracker", ""]
@@ -444,6 +497,46 @@ def report_md(results: dict) -> str:
                          "child tagged entry, pair and seed")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
+    """Per entry and policy: the per-problem paired difference, answer style at the start and at the end, and how
+    much sharing the runs did (an entry whose receiver trained < 1 rescue a step is "not exercised")."""
+    rows = [(e, p, per[p]) for e, per in entries.items() for p in policies if p in per]
+    def shared(c: dict | None) -> bool:
+        return bool(c and (c.get("rescue_samples") or c.get("rescue_count")))
+
+    if not any(r.get("style") or r.get("per_problem_vs_baseline") or shared(r.get("sharing")) for _, _, r in rows):
+        return []
+
+    def style(st: dict | None) -> str:
+        if not st or st.get("chars") is None:
+            return "–"
+        return f"{st['chars']:.0f} ch, {st['in_form'] * 100:.0f} % in form, {st['shows_work'] * 100:.0f} % work"
+
+    def sharing(c: dict | None) -> str:
+        if not shared(c):
+            return "–"
+        if c.get("rescue_samples"):
+            note = "" if c["trained_per_step"] >= 1 else " — **not exercised** (< 1 trained rescue a step)"
+            return (f"hints {c['hints_offered']:.0f} (gated out {c['hints_gated_out']:.0f}, masked "
+                    f"{c['hints_masked']:.0f}, refused {c['hints_refused']:.0f}); samples {c['rescue_samples']:.0f}, "
+                    f"rescued {c['rescued']:.0f}, trained {c['rescue_trained']:.0f} ({c['trained_per_step']:.1f} a "
+                    f"step){note}")
+        return f"SGT rescues {c['rescue_count']:.0f}"
+
+    def problems(x: dict | None) -> str:
+        if x is None:
+            return "–"
+        return f"{format_ci(x, signed=True)} ({x['problems']} problems × {x['seeds']} seeds)"
+
+    out = ["| entry | policy | per-problem paired vs baseline | answers at the start | answers at the end | "
+           "sharing per run (mean) |", "|---|---|---|---|---|---|"]
+    for e, p, r in rows:
+        st = r.get("style") or {}
+        out.append(f"| {e} | {p} | {problems(r.get('per_problem_vs_baseline'))} | {style(st.get('start'))} | "
+                   f"{style(st.get('final'))} | {sharing(r.get('sharing'))} |")
+    return [*out, ""]
 
 
 def _wall_lines(results: dict, pair: str) -> list[str]:

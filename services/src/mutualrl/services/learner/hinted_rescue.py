@@ -74,6 +74,7 @@ class RescueOutcome:
     refused: Counter = field(default_factory=Counter)
     deltas: list[float] = field(default_factory=list)
     weight_metrics: dict[str, float] = field(default_factory=dict)
+    examples: list[dict] = field(default_factory=list)  # a few (hint, rescue sample) pairs a step, for the reports
 
     def count(self, source: str, key: str, n: int = 1) -> None:
         """Add ``n`` to ``key`` of the edge from ``source``."""
@@ -87,7 +88,7 @@ class RescueOutcome:
         return {**{k: total[k] for k in EDGE_COUNTS},
                 "hint_refused": dict(self.refused),
                 "hint_delta_mean": sum(self.deltas) / len(self.deltas) if self.deltas else None,
-                **self.weight_metrics}
+                **self.weight_metrics, **({"hint_examples": self.examples} if self.examples else {})}
 
 
 class HintedRescue:
@@ -228,6 +229,7 @@ class HintedRescue:
             rows.add(prompt_token_ids=p.plain_ids, token_ids=s.token_ids, logprobs=hint_free[i, T - n:].tolist(),
                      mask=[1.0] * n, reward=r, prompt_id=p.problem.prompt_id, source_policy=p.source, kind=HINTED,
                      source_mean_logprob=0.0, token_weight=w[i, T - n:].tolist())
+        out.examples = self._examples(plans, [(p, t, r) for (_, t), p, r in zip(samples, owners, rewards)])
         for p in plans:
             got = [r for _, q, r in kept if q is p]
             baseline = own_successes[p.problem.prompt_id] / self.group_size  # what pushes a row: r above it
@@ -236,6 +238,20 @@ class HintedRescue:
             out.count(p.source, "rescue_trained", sum(1 for r in got if r > baseline))
             if not any(r > 0 for r in got):
                 out.count(p.source, "rescue_verified_nothing")
+        return out
+
+    @staticmethod
+    def _examples(plans: list[Plan], scored: list[tuple[Plan, str, float]], per_step: int = 2) -> list[dict]:
+        """Up to ``per_step`` rescued prompts of the step as the reports show them: the edge, the hint (None: plain
+        samples), the gate's Δ, and a rescue sample — a verified one when there is one."""
+        out = []
+        for p in plans[:per_step]:
+            mine = [(t, r) for q, t, r in scored if q is p]
+            if not mine:
+                continue
+            text, reward = max(mine, key=lambda x: x[1])
+            out.append({"source": p.source, "prompt": p.problem.prompt, "hint": p.hint.text if p.hint else None,
+                        "delta": p.delta, "sample": text, "reward": reward})
         return out
 
     def _cut(self, samples: list[Sample]) -> list[tuple[Sample, str]]:

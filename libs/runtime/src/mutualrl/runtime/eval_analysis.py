@@ -1,0 +1,63 @@
+"""What a run's per-problem evaluations (``evals/<policy>.jsonl``) say beyond an accuracy: a paired comparison of two
+entries problem by problem, and the style of the answers (length, form, whether the work is shown).
+
+The per-problem paired difference is the question "on the same held-out problems and the same seeds, how much more
+often does this entry answer correctly than the baseline": for each problem the mean over seeds of
+``correct_entry − correct_baseline``, then a 95 % t-interval over the problems (the problems are the sampling unit:
+with 256 of them the interval is far narrower than one over 3–5 seeds' accuracies, and a seed's run-to-run noise
+is averaged inside each problem's value).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from mutualrl.runtime.compare_stats import ci95
+from mutualrl.tasks.answers import extract_answer
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def read_evals(path: Path) -> list[dict]:
+    """A run's evaluations of one policy, in step order ([] when the run kept none)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill mid-write
+    return sorted(out, key=lambda e: e.get("step", 0))
+
+
+def correct_by_problem(evaluation: dict) -> dict[str, int]:
+    """{prompt id: 1 or 0} of one evaluation."""
+    return {pid: int(c) for pid, c in zip(evaluation.get("prompt_ids", []), evaluation.get("correct", ""))}
+
+
+def per_problem_paired(entry: dict[int, dict[str, int]], baseline: dict[int, dict[str, int]]) -> dict | None:
+    """The per-problem paired difference (module docstring) over the seeds both have and the problems every one of
+    those runs evaluated: ``ci95`` of the per-problem mean differences, with ``problems`` and ``seeds`` counted.
+    None when nothing pairs."""
+    seeds = sorted(set(entry) & set(baseline))
+    if not seeds:
+        return None
+    problems = set.intersection(*(set(entry[s]) & set(baseline[s]) for s in seeds))
+    if not problems:
+        return None
+    diffs = [sum(entry[s][p] - baseline[s][p] for s in seeds) / len(seeds) for p in sorted(problems)]
+    return {**ci95(diffs), "problems": len(problems), "seeds": len(seeds)}
+
+
+def answer_style(texts: list[str], answer_format: str) -> dict[str, float | None]:
+    """How a policy answers: mean length in characters, the share of answers in the required form (the format's
+    parser reads an answer), and the share that show work (at least three numbers: the operands and a result)."""
+    if not texts:
+        return {"chars": None, "in_form": None, "shows_work": None}
+    n = len(texts)
+    return {"chars": sum(len(t) for t in texts) / n,
+            "in_form": sum(1 for t in texts if extract_answer(t, answer_format) not in (None, "")) / n,
+            "shows_work": sum(1 for t in texts if len(_NUMBER.findall(t)) >= 3) / n}

@@ -1,0 +1,39 @@
+"""Per-problem evaluations: the paired difference problem by problem, and the style of the answers."""
+
+import json
+
+import pytest
+
+from mutualrl.runtime.eval_analysis import answer_style, correct_by_problem, per_problem_paired, read_evals
+
+
+def test_the_per_problem_paired_difference_averages_seeds_inside_each_problem_then_spans_the_problems():
+    entry = {0: {"a": 1, "b": 1, "c": 0}, 1: {"a": 1, "b": 0, "c": 0}}
+    base = {0: {"a": 0, "b": 1, "c": 0}, 1: {"a": 0, "b": 0, "c": 1}, 2: {"a": 1, "b": 1, "c": 1}}
+    out = per_problem_paired(entry, base)
+    # per problem over seeds 0 and 1: a (1+1)/2 = 1, b (0+0)/2 = 0, c (0-1)/2 = -0.5
+    assert out["mean"] == pytest.approx(0.5 / 3) and out["problems"] == 3 and out["seeds"] == 2
+    diffs = [1.0, 0.0, -0.5]
+    m = sum(diffs) / 3
+    sd = (sum((d - m) ** 2 for d in diffs) / 2) ** 0.5
+    assert out["ci95"] == pytest.approx(4.303 * sd / 3 ** 0.5, rel=1e-3)  # t(0.975, 2 df)
+    assert per_problem_paired({5: {"a": 1}}, base) is None  # no seed in common
+
+
+def test_answer_style_counts_length_form_and_shown_work():
+    texts = ["12 + 34 = 46. <answer>46</answer>", "46", "<answer>4</answer>"]
+    st = answer_style(texts, "answer_tags")
+    assert st["chars"] == pytest.approx(sum(map(len, texts)) / 3)
+    assert st["in_form"] == pytest.approx(2 / 3) and st["shows_work"] == pytest.approx(1 / 3)
+    assert answer_style([], "answer_tags")["chars"] is None
+
+
+def test_evaluation_logs_read_in_step_order_and_skip_a_cut_line(tmp_path):
+    f = tmp_path / "evals.jsonl"
+    lines = [{"step": 2, "prompt_ids": ["a", "b"], "correct": "10", "texts": ["x", "y"]},
+             {"step": 0, "prompt_ids": ["a", "b"], "correct": "01", "texts": ["x", "y"]}]
+    f.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 4, "prompt_')
+    evals = read_evals(f)
+    assert [e["step"] for e in evals] == [0, 2]
+    assert correct_by_problem(evals[-1]) == {"a": 1, "b": 0}
+    assert read_evals(tmp_path / "none.jsonl") == []
