@@ -232,3 +232,17 @@ def test_the_report_names_each_pairs_steps_when_the_spec_sets_none(tmp_path):
     assert res["steps"] is None and len(steps) == 1 and steps[0] > 0
     assert f"RL steps per pair: demo {steps[0]};" in (tmp_path / "out" / "report.md").read_text()
     assert "None steps" not in report_md({**res, "steps_by_pair": {}})
+
+
+def test_a_subset_of_entries_and_seeds_trains_alone_and_the_report_covers_every_finished_run(tmp_path):
+    spec = CompareSpec.load(_spec(tmp_path))
+    calls: list = []
+    run_all(spec.subset(["grpo"], [0, 1]), tmp_path / "out", _fake_run(calls), lambda *a: None)
+    assert sorted(calls) == [("none", 0), ("none", 1)]
+    run_all(spec.subset(["sgt"], [0]), tmp_path / "out", _fake_run(calls), lambda *a: None)
+    assert calls[-1] == ("sgt", 0)
+    results = write_report(spec, tmp_path / "out")
+    assert results["pairs"]["demo"]["sgt"]["llama-char"]["seeds"] == [0]
+    assert results["pairs"]["demo"]["grpo"]["llama-char"]["seeds"] == [0, 1]
+    with pytest.raises(Exception, match="no entry nope"):
+        spec.subset(["nope"])

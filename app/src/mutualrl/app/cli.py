@@ -278,6 +278,10 @@ def compare(
     report_only: bool = typer.Option(False, "--report-only", help="Write the report from the finished runs only."),
     jobs: int = typer.Option(1, "--jobs", min=1,
                              help="Runs trained at once, each in its own process with its share of the cores."),
+    entries: Optional[str] = typer.Option(None, "--entries",
+                                          help="Train only these entries (comma-separated; the report covers every "
+                                               "finished run)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Train only these seeds (comma-separated)."),
 ) -> None:
     """Run entries x pairs x seeds (resumable: finished runs are skipped), then write report.md,
     results.json and plots with 95 % confidence intervals and paired differences. One Ctrl-C stops
@@ -287,8 +291,12 @@ def compare(
 
     try:
         spec = CompareSpec.load(spec_file, quick=quick)
+        train = spec.subset(entries.split(",") if entries else None,
+                            [int(x) for x in seeds.split(",")] if seeds else None)
     except ConfigError as e:
         raise _fail(str(e))
+    except ValueError:
+        raise _fail(f"--seeds takes whole numbers separated by commas (got {seeds!r})")
     target = out_dir or Path("runs") / f"compare-{spec.name}{'-quick' if quick else ''}"
     target.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -297,8 +305,8 @@ def compare(
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if not report_only:
         try:
-            with CompareProgress(err, len(spec.runs())) as shown:
-                run_all(spec, target, run_reporting_to_file, shown.progress, jobs=jobs, on_start=shown.on_start)
+            with CompareProgress(err, len(train.runs())) as shown:
+                run_all(train, target, run_reporting_to_file, shown.progress, jobs=jobs, on_start=shown.on_start)
         except ConfigError as e:
             raise _fail(str(e))
         except CompareInterrupted as e:

@@ -21,6 +21,7 @@ Each run writes ``<out>/runs/<entry>/<pair>/seed<k>/`` (the files of `mutualrl r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -84,6 +85,15 @@ class CompareSpec:
             if not p.is_file():
                 raise ConfigError(f"{path}: pair {name!r}: {p} does not exist")
         return spec
+
+    def subset(self, entries: list[str] | None = None, seeds: list[int] | None = None) -> "CompareSpec":
+        """The same spec training only ``entries`` and ``seeds`` (None: all); ConfigError naming an unknown one."""
+        unknown = sorted(set(entries or []) - set(self.entries))
+        if unknown:
+            raise ConfigError(f"--entries: no entry {', '.join(unknown)} (entries: {', '.join(self.entries)})")
+        return dataclasses.replace(
+            self, entries={k: v for k, v in self.entries.items() if entries is None or k in entries},
+            seeds=list(seeds) if seeds is not None else list(self.seeds))
 
     def runs(self) -> list[tuple[str, str, int]]:
         """Every (entry, pair, seed) to run, seed by seed so early seeds finish for every entry first."""
