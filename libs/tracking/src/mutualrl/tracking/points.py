@@ -40,8 +40,13 @@ NAMES: dict[str, str] = {
     "rollouts": "progress/rollouts",
     "weights_version": "progress/weights_version",
     "weights_bytes": "progress/weights_bytes",
+    # SGT-R's rescue round (docs/algorithms.md §3.5)
+    **{k: f"sharing/sgt_r/{k}" for k in ("hints_offered", "hints_gated_out", "hints_masked", "hints_refused",
+                                         "rescue_samples", "rescued", "rescue_trained", "rescue_verified_nothing",
+                                         "hint_delta_mean", "hint_weight_mean", "hint_floored_frac",
+                                         "hint_capped_frac")},
 }
-SKIPPED = {"step", "policy", "phase", "wall_time", "peers_quarantined", "reputation_events", "skipped"}
+SKIPPED = {"step", "policy", "phase", "wall_time", "peers_quarantined", "reputation_events", "skipped", "hint_examples"}
 """Fields that are the x-axis, labels or event lists (events go to the service log, not a chart)."""
 
 BY_ROLLOUTS = ("reward_mean", "eval_accuracy")
@@ -66,6 +71,8 @@ def scalars(record: dict) -> dict[str, float]:
             continue
         if key == "stage_seconds" and isinstance(value, dict):
             out.update({f"time/{stage}_s": x for stage, v in value.items() if (x := _number(v)) is not None})
+        elif key == "hint_refused" and isinstance(value, dict):
+            out.update({f"sharing/sgt_r/refused/{why}": x for why, v in value.items() if (x := _number(v)) is not None})
         elif key == "peer_rejected" and isinstance(value, dict):
             out.update({f"sharing/rejected/{why}": x for why, v in value.items() if (x := _number(v)) is not None})
             out["sharing/peer_rows_rejected"] = float(sum(_number(v) or 0 for v in value.values()))
