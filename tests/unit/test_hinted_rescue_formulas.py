@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mutualrl.grpo import hint_fraction, hint_weights, rescue_advantages, sgt_nll, sgt_token_weights
-from mutualrl.tasks.answers import MASK, answer_span, extract_answer, mask_answer, required_form
+from mutualrl.tasks.answers import MASK, answer_span, extract_answer, mask_answer, reasoning_before, required_form
 from mutualrl.tasks.hints import HINT_TEMPLATE, build_hint, hint_excerpt, hint_prefix, reference_hint
 
 
@@ -118,3 +118,15 @@ def test_sgt_style_guards_weigh_tokens_by_the_receivers_own_probability():
     assert guarded == pytest.approx(-(logp * sgt_token_weights(logp, "chord")).sum().item() / 3)
     with pytest.raises(ValueError):
         sgt_token_weights(logp, "other")
+
+
+@pytest.mark.parametrize("fmt,text,work", [
+    ("answer_tags", "12 + 34 = 46. <answer>46</answer>", "12 + 34 = 46."),
+    ("answer_tags", "<answer>46</answer>", ""),
+    ("last_number", "46", ""),
+    ("last_number", "12+34=46", "12+34="),
+    ("boxed", "so \\boxed{46}", "so"),
+    ("answer_tags", "no answer here", "no answer here"),
+])
+def test_the_work_before_an_answer_excludes_the_answer_and_its_forms_opening(fmt, text, work):
+    assert reasoning_before(text, fmt) == work

@@ -120,6 +120,20 @@ def answer_span(text: str, fmt: str) -> tuple[int, int] | None:
     raise ValueError(f"unknown answer format {fmt!r}; valid: {', '.join(ANSWER_FORMATS)}")
 
 
+def reasoning_before(text: str, fmt: str) -> str:
+    """The text before the final answer *and its form's opening* (``<answer>``, ``\\boxed{``, the last line): the
+    work a completion shows before it answers ("" for a bare answer; the whole text when no answer reads from it)."""
+    span = answer_span(text, fmt)
+    if span is None:
+        return text
+    start = span[0]
+    if fmt == "answer_tags":
+        start = text.rfind("<answer>", 0, span[0] + 1)
+    elif fmt == "boxed":
+        start = text.rfind("\\boxed{", 0, span[0] + 1)
+    return text[: max(0, start)].rstrip()
+
+
 def mask_answer(text: str, fmt: str, gives_answer, answer: str | None = None) -> tuple[str, bool]:
     """``text`` with the answer it would give away replaced by :data:`MASK`, and whether anything was masked.
 

@@ -46,6 +46,8 @@ NAMES: dict[str, str] = {
                                          "hint_delta_mean", "hint_weight_mean", "hint_floored_frac",
                                          "hint_capped_frac")},
 }
+BY_REASON = {"peer_rejected": "sharing/rejected", "hint_refused": "sharing/sgt_r/refused"}
+"""Record fields that count by reason: logged as ``<prefix>/<reason>``."""
 SKIPPED = {"step", "policy", "phase", "wall_time", "peers_quarantined", "reputation_events", "skipped", "hint_examples"}
 """Fields that are the x-axis, labels or event lists (events go to the service log, not a chart)."""
 
@@ -62,6 +64,21 @@ def _number(v: Any) -> float | None:
     return None
 
 
+def _nested(key: str, value: dict) -> dict[str, float]:
+    """A record's dict-valued field as scalars: stage times, counts by reason, THL residuals per source."""
+    if key == "stage_seconds":
+        return {f"time/{stage}_s": x for stage, v in value.items() if (x := _number(v)) is not None}
+    if key in BY_REASON:
+        out = {f"{BY_REASON[key]}/{why}": x for why, v in value.items() if (x := _number(v)) is not None}
+        if key == "peer_rejected":
+            out["sharing/peer_rows_rejected"] = float(sum(_number(v) or 0 for v in value.values()))
+        return out
+    if key == "thl_by_source":
+        return {f"edge/{source}/{f}": x for source, fields in value.items() if isinstance(fields, dict)
+                for f, v in fields.items() if (x := _number(v)) is not None}
+    return {}
+
+
 def scalars(record: dict) -> dict[str, float]:
     """A metrics record as ``{name: value}``: finite numbers only (a NaN loss of an empty update is not a
     point), nested sections flattened, incoming edges under ``edge/<source>/``."""
@@ -69,17 +86,8 @@ def scalars(record: dict) -> dict[str, float]:
     for key, value in record.items():
         if key in SKIPPED:
             continue
-        if key == "stage_seconds" and isinstance(value, dict):
-            out.update({f"time/{stage}_s": x for stage, v in value.items() if (x := _number(v)) is not None})
-        elif key == "hint_refused" and isinstance(value, dict):
-            out.update({f"sharing/sgt_r/refused/{why}": x for why, v in value.items() if (x := _number(v)) is not None})
-        elif key == "peer_rejected" and isinstance(value, dict):
-            out.update({f"sharing/rejected/{why}": x for why, v in value.items() if (x := _number(v)) is not None})
-            out["sharing/peer_rows_rejected"] = float(sum(_number(v) or 0 for v in value.values()))
-        elif key == "thl_by_source" and isinstance(value, dict):
-            for source, fields in value.items():
-                if isinstance(fields, dict):
-                    out.update({f"edge/{source}/{f}": x for f, v in fields.items() if (x := _number(v)) is not None})
+        if isinstance(value, dict):
+            out.update(_nested(key, value))
         elif key.startswith("thl_"):
             if (x := _number(value)) is not None:
                 out[f"thl/{key.removeprefix('thl_')}"] = x

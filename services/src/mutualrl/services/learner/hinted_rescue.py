@@ -32,7 +32,7 @@ from mutualrl.models.text_checks import control_text_in, spells
 from mutualrl.services.learner.objective import HINTED, Rows
 from mutualrl.services.learner.rescue_requests import RescueUnavailable
 from mutualrl.tasks import Problem, Verifier
-from mutualrl.tasks.answers import required_form
+from mutualrl.tasks.answers import reasoning_before, required_form
 from mutualrl.tasks.hints import Hint, build_hint, reference_hint
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class Plan:
     hint: Hint | None = None
     delta: float | None = None
     gated_out: bool = False  # the information gate sent it to plain samples
+    trace: str = ""  # the peer's reasoning before its final answer, unmasked (what the gate measures)
 
 
 @dataclass
@@ -162,7 +163,8 @@ class HintedRescue:
                     continue
                 if hint.masked:
                     out.count(source, "hints_masked")
-                options.append(Plan(problem, plain, hinted, source, hint))
+                trace = reasoning_before((item.text if item is not None else hint.text).strip(), self.answer_format)
+                options.append(Plan(problem, plain, hinted, source, hint, trace=trace))
             if not options:  # every hint refused: the prompt is still solvable, sample it plainly
                 plans.append(Plan(problem, plain, plain, items[0].source_policy if items else "reference"))
                 continue
@@ -170,19 +172,27 @@ class HintedRescue:
         return plans
 
     def _gate(self, options: list[Plan]) -> Plan:
-        """The information gate (§3.5): Δ = log π(answer in its form | x, hint) − log π(same | x) for each hint; the
-        best one is used when Δ exceeds ``min_gain``, else the prompt gets plain samples."""
+        """The information gate (§3.5), AMPO's measure on the receiver: Δ = log π(a | x, r) − log π(a | x), a the
+        verified answer in the required form and r the peer's reasoning before its final answer, teacher-forced as
+        the start of the receiver's own completion — how much the peer's work raises the receiver's probability of
+        writing the answer as asked. A bare answer has no reasoning: Δ = 0. The best hint is used when its Δ
+        exceeds ``min_gain``, else the prompt gets plain samples."""
         form = required_form(options[0].problem.answer, self.answer_format)
-        if self.style is not None and self.style.form(self.tok) == "completion":
-            form = " " + form
-        answer_ids = self.tok(form, add_special_tokens=False)["input_ids"]
-        prompts = [options[0].plain_ids] + [o.sampled_ids for o in options]
-        lp = self.logprobs(prompts, [answer_ids] * len(prompts)).sum(-1).tolist()
-        for o, value in zip(options, lp[1:]):
-            o.delta = value - lp[0]
+        lead = " " if self.style is not None and self.style.form(self.tok) == "completion" else ""
+        answer_ids = self.tok(lead + form, add_special_tokens=False)["input_ids"]
+        after_trace = self.tok(" " + form, add_special_tokens=False)["input_ids"]
+        plain = options[0].plain_ids
+        completions = [answer_ids] + [self.tok(lead + o.trace, add_special_tokens=False)["input_ids"] + after_trace
+                                      if o.trace else answer_ids for o in options]
+        lp = self.logprobs([plain] * len(completions), completions)  # [1 + options, T], right-aligned
+        values = [lp[0, -len(answer_ids):].sum().item()]
+        values += [lp[i + 1, -len(after_trace if o.trace else answer_ids):].sum().item() for i, o in enumerate(options)]
+        for o, value in zip(options, values[1:]):
+            o.delta = value - values[0] if o.trace else 0.0
         best = max(options, key=lambda o: o.delta)
         if self.cfg.min_gain is not None and best.delta <= self.cfg.min_gain:
-            return Plan(best.problem, best.plain_ids, best.plain_ids, best.source, None, best.delta, gated_out=True)
+            return Plan(best.problem, best.plain_ids, best.plain_ids, best.source, None, best.delta, gated_out=True,
+                        trace=best.trace)
         return best
 
     # ---- the round ---------------------------------------------------------------------------------------------
