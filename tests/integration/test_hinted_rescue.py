@@ -186,9 +186,11 @@ def test_the_gate_sends_a_hint_that_does_not_help_to_plain_samples_and_bare_answ
     assert sorted(map(tuple, prompts)) == sorted(tuple(encode_prompt(tok, p.prompt)) for p in problems)
 
 
-def test_a_bare_answer_carries_no_information_the_gate_measures_and_gets_plain_samples(arithmetic_task, corpus):
-    """Δ (AMPO's measure) is the gain in the receiver's log-probability of the answer from the peer's reasoning
-    before it: a bare answer has none, Δ = 0, and the default gate (Δ > 0) sends its prompt to plain samples."""
+def test_the_gate_measures_the_hint_and_the_peers_work_on_the_receiver_and_sends_what_does_not_help_to_plain(
+        arithmetic_task, corpus):
+    """Δ = log π(a | x ⊕ hint, work) − log π(a | x), the answer in its required form: a bare answer brings no work
+    (only the hint, its answer masked); a worked one its work, teacher-forced before the answer. A hint whose Δ is
+    not above ``min_gain`` (0 by default) sends its prompt to plain samples."""
     cfg = SgtRConfig(samples=2, max_prompts=2, show="all")  # min_gain 0: the default
     ex, worker, learner, recorder, oracle, tok = _receiver(arithmetic_task, corpus, cfg)
     problems = _all_fail(arithmetic_task, 2)
@@ -197,11 +199,14 @@ def test_a_bare_answer_carries_no_information_the_gate_measures_and_gets_plain_s
     learner.rescue._gate = lambda options: plans.append(gate(options)) or plans[-1]
     rec, _ = _step(ex, worker, learner, problems, [problems[0].answer, _reasoning(problems[1])])
     bare = next(p for p in plans if p.problem is problems[0])
-    assert bare.delta == 0.0 and bare.gated_out and bare.sampled_ids == encode_prompt(tok, problems[0].prompt)
     worked = next(p for p in plans if p.problem is problems[1])
-    assert worked.delta != 0.0 and worked.trace == _reasoning(problems[1]).rsplit("=", 1)[0] + "="
-    assert worked.gated_out == (worked.delta <= 0.0)
-    assert rec["hints_gated_out"] == 1 + int(worked.gated_out)
+    assert bare.trace == "" and worked.trace == _reasoning(problems[1]).rsplit("=", 1)[0] + "="
+    for p in (bare, worked):
+        assert p.delta is not None and p.gated_out == (p.delta <= 0.0)
+        plain = encode_prompt(tok, p.problem.prompt)
+        assert (p.sampled_ids == plain) == p.gated_out  # gated out: sampled on the plain prompt
+    assert rec["hints_gated_out"] == int(bare.gated_out) + int(worked.gated_out)
+    assert rec["hint_delta_mean"] == pytest.approx((bare.delta + worked.delta) / 2)
 
 
 @pytest.mark.parametrize("text,reason", [

@@ -172,23 +172,24 @@ class HintedRescue:
         return plans
 
     def _gate(self, options: list[Plan]) -> Plan:
-        """The information gate (§3.5), AMPO's measure on the receiver: Δ = log π(a | x, r) − log π(a | x), a the
-        verified answer in the required form and r the peer's reasoning before its final answer, teacher-forced as
-        the start of the receiver's own completion — how much the peer's work raises the receiver's probability of
-        writing the answer as asked. A bare answer has no reasoning: Δ = 0. The best hint is used when its Δ
-        exceeds ``min_gain``, else the prompt gets plain samples."""
+        """The information gate (§3.5): Δ = log π(a | x ⊕ h, r) − log π(a | x), a the verified answer in the
+        required form, h the hint in the receiver's prompt and r the peer's work before its final answer,
+        teacher-forced as the start of the receiver's completion — how much more likely the receiver is to answer
+        as asked after seeing the hint and following the peer's work than on its own. A bare answer brings no work
+        but may bring the form (``<answer>…</answer>``); a masked bare number brings neither (Δ ≈ 0). The best hint
+        is used when its Δ exceeds ``min_gain``, else the prompt gets plain samples."""
         form = required_form(options[0].problem.answer, self.answer_format)
         lead = " " if self.style is not None and self.style.form(self.tok) == "completion" else ""
-        answer_ids = self.tok(lead + form, add_special_tokens=False)["input_ids"]
-        after_trace = self.tok(" " + form, add_special_tokens=False)["input_ids"]
-        plain = options[0].plain_ids
-        completions = [answer_ids] + [self.tok(lead + o.trace, add_special_tokens=False)["input_ids"] + after_trace
-                                      if o.trace else answer_ids for o in options]
-        lp = self.logprobs([plain] * len(completions), completions)  # [1 + options, T], right-aligned
-        values = [lp[0, -len(answer_ids):].sum().item()]
-        values += [lp[i + 1, -len(after_trace if o.trace else answer_ids):].sum().item() for i, o in enumerate(options)]
+        alone = self.tok(lead + form, add_special_tokens=False)["input_ids"]
+        after_work = self.tok(" " + form, add_special_tokens=False)["input_ids"]
+        prompts = [options[0].plain_ids] + [o.sampled_ids for o in options]
+        completions = [alone] + [self.tok(lead + o.trace, add_special_tokens=False)["input_ids"] + after_work
+                                 if o.trace else alone for o in options]
+        lp = self.logprobs(prompts, completions)  # [1 + options, T], right-aligned: the answer's tokens last
+        answer_lengths = [len(alone)] + [len(after_work) if o.trace else len(alone) for o in options]
+        values = [lp[i, lp.shape[1] - n:].sum().item() for i, n in enumerate(answer_lengths)]
         for o, value in zip(options, values[1:]):
-            o.delta = value - values[0] if o.trace else 0.0
+            o.delta = value - values[0]
         best = max(options, key=lambda o: o.delta)
         if self.cfg.min_gain is not None and best.delta <= self.cfg.min_gain:
             return Plan(best.problem, best.plain_ids, best.plain_ids, best.source, None, best.delta, gated_out=True,
