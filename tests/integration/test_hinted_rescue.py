@@ -190,8 +190,8 @@ def test_the_gate_measures_the_hint_and_the_peers_work_on_the_receiver_and_sends
         arithmetic_task, corpus):
     """Δ = log π(a | x ⊕ hint, work) − log π(a | x), the answer in its required form: a bare answer brings no work
     (only the hint, its answer masked); a worked one its work, teacher-forced before the answer. A hint whose Δ is
-    not above ``min_gain`` (0 by default) sends its prompt to plain samples."""
-    cfg = SgtRConfig(samples=2, max_prompts=2, show="all")  # min_gain 0: the default
+    not above ``min_gain`` sends its prompt to plain samples."""
+    cfg = SgtRConfig(samples=2, max_prompts=2, show="all", min_gain=0.0)
     ex, worker, learner, recorder, oracle, tok = _receiver(arithmetic_task, corpus, cfg)
     problems = _all_fail(arithmetic_task, 2)
     plans = []

@@ -381,9 +381,11 @@ class SgtRConfig(_Strict):
     prefix_steps: int = Field(20, ge=0, description="Steps over which the shown share shrinks (0: prefix_start "
                               "throughout).")
     min_gain: Optional[float] = Field(
-        0.0, description="The information gate: use the hint when it raises the receiver's log-probability of "
-        "writing the verified answer in the required form by more than this many nats (delta = log p(answer | x, "
-        "hint) - log p(answer | x)); otherwise the rescue is k plain samples. None: every hint is used.")
+        None, description="The information gate: use the hint when it raises the receiver's log-probability of "
+        "writing the verified answer in the required form by more than this many nats (delta = log p(answer | x + "
+        "hint, the peer's work) - log p(answer | x)); otherwise the rescue is k plain samples. None (the default): "
+        "every hint is used and delta is only recorded — on SmolLM2 its sign did not follow what a hint carried "
+        "(docs/results/real/sgt-r/README.md).")
     max_hint_tokens: int = Field(256, ge=8, description="A peer's text longer than this (in the receiver's tokens) "
                                  "is refused as a hint (counted: too_long).")
     w_min: float = Field(0.1, ge=0, le=1, description="Floor of a rescued token's weight toward the hint-free policy "
