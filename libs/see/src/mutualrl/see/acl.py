@@ -3,8 +3,9 @@ to its own streams.
 
 A service reads (through its consumer groups) every stream of its run, but the only keys it may
 ``XADD`` to are the ones it produces: a rollout service its policy's ``rollout``,
-``verified_success`` and ``advantage_stats`` streams and its heartbeat, a learner its policy's
-``weights_published`` stream and its heartbeat; both may append to the run's dead-letter stream.
+``verified_success``, ``advantage_stats`` and ``sample_result`` streams and its heartbeat, a learner its
+policy's ``weights_published`` and ``sample_request`` streams and its heartbeat; both may append to the
+run's dead-letter stream.
 A compromised or buggy service therefore cannot write onto another policy's streams — Redis
 answers ``NOPERM`` — and the receivers' producer check (the envelope's producer must own the
 stream) catches the rest. The rules use ACL selectors (Redis 7+): the root permissions cover

@@ -1,8 +1,8 @@
 """Who may write what on SEE, and with which key: service identities and per-service signing keys.
 
 Every stream has one owning service (``<policy>.<role>``): a rollout service produces its
-policy's ``rollout``, ``verified_success`` and ``advantage_stats`` streams and its heartbeat, a
-learner its policy's ``weights_published`` stream and its heartbeat. Redis ACLs
+policy's ``rollout``, ``verified_success``, ``advantage_stats`` and ``sample_result`` streams and its
+heartbeat, a learner its policy's ``weights_published`` and ``sample_request`` streams and its heartbeat. Redis ACLs
 (:mod:`mutualrl.see.acl`) let only the owner append to a stream; the keys here let a receiver
 check that the owner *signed* what it reads: each service signs with its own key, and a receiver
 holds only the keys of the services it reads from (docs/architecture.md, "Security model").
