@@ -65,8 +65,8 @@ def test_a_service_cannot_touch_another_run_or_administer_redis(server):
 
 def test_the_acl_rules_name_every_stream_the_services_write():
     assert own_streams(NS, "a", "rollout") == [f"{NS}:rollout:a", f"{NS}:verified_success:a", f"{NS}:advantage_stats:a",
-                                               f"{NS}:heartbeat:a.rollout", f"{NS}:deadletter"]
-    assert own_streams(NS, "a", "learner") == [f"{NS}:weights_published:a", f"{NS}:heartbeat:a.learner",
-                                               f"{NS}:deadletter"]
+                                               f"{NS}:sample_result:a", f"{NS}:heartbeat:a.rollout", f"{NS}:deadletter"]
+    assert own_streams(NS, "a", "learner") == [f"{NS}:weights_published:a", f"{NS}:sample_request:a",
+                                               f"{NS}:heartbeat:a.learner", f"{NS}:deadletter"]
     with pytest.raises(ValueError):
         own_streams(NS, "a", "admin")

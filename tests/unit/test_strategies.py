@@ -19,10 +19,11 @@ SERVICES = LEARNER_DIR.parent
 
 def test_the_config_literal_lists_exactly_the_registered_modes():
     literal = typing.get_args(SharingConfig.model_fields["mode"].annotation)
-    assert sorted(literal) == MODES.names() == ["hacpo", "naive", "none", "prp", "sgt", "xgrpo"]
+    assert sorted(literal) == MODES.names() == ["hacpo", "naive", "none", "prp", "sgt", "sgt_r", "xgrpo"]
     assert MODES.get("xgrpo").peer_kinds == ("advantage_stats",)
-    assert record_keys() == ("sgt_nll",)
-    with pytest.raises(ValueError, match="valid: hacpo, naive, none, prp, sgt, xgrpo"):
+    assert record_keys() == tuple(sorted(("sgt_nll", *MODES.get("sgt_r").record_keys)))
+    assert [n for n in MODES.names() if MODES.get(n).samples_rescues] == ["sgt_r"]
+    with pytest.raises(ValueError, match="valid: hacpo, naive, none, prp, sgt, sgt_r, xgrpo"):
         MODES.get("gossip")
 
 
@@ -48,6 +49,7 @@ def test_no_service_names_a_mode_outside_its_class():
 
 @pytest.mark.parametrize("mode,tracker",
                          [("none", False), ("naive", False), ("prp", False), ("xgrpo", False), ("sgt", False),
+                          ("sgt_r", False),
                           ("hacpo", True)])
 def test_a_strategy_brings_a_capability_tracker_only_when_its_mode_weighs_peers(mode, tracker):
     s = make_mode("me", AlgorithmConfig(), SharingConfig(mode=mode), 8)

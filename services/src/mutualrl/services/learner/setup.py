@@ -83,11 +83,12 @@ def make_learner(
     )
     learner = Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
                       ref_model=ref)
-    if sharing.mode == "sgt_r":
+    if MODES.get(sharing.mode).samples_rescues:
         if rescue_sample is None:
-            raise ValueError(f"policy {p.name!r}: sharing mode sgt_r samples rescues with the policy's own engine, "
-                             "and this learner was given none")
-        learner.rescue = HintedRescue(p.name, sharing.sgt_r, pp.arts.tokenizer, prompt_style(cfg, p), verifier,
+            raise ValueError(f"policy {p.name!r}: sharing mode {sharing.mode} samples rescues with the policy's own "
+                             "engine, and this learner was given none")
+        section = getattr(sharing, sharing.mode)  # the mode's own settings
+        learner.rescue = HintedRescue(p.name, section, pp.arts.tokenizer, prompt_style(cfg, p), verifier,
                                       cfg.task.answer_format or "whole", rescue_sample, learner.logprobs_now,
                                       group_size=cfg.budget.group_size, seed=cfg.seed,
                                       max_context=learner.context_limit, max_new_tokens=cfg.budget.max_new_tokens)
@@ -130,7 +131,7 @@ def service_learner(cfg: ExperimentConfig, index: int, task, verifier: Verifier,
             tok = peer_tokenizer(cfg, i, task, cache)
             tokenizers.register(tokenizer_fingerprint(tok), tok)
     rescue = None
-    if receiver_sharing(cfg, pp.config.name)[1].mode == "sgt_r":  # its rollout service samples the rescue round
+    if MODES.get(receiver_sharing(cfg, pp.config.name)[1].mode).samples_rescues:  # on its rollout service
         rescue = ExchangeSampler(pp.config.name, exchange, pp.arts.model.get_input_embeddings().num_embeddings,
                                  deadline_s=cfg.launcher.rollout_deadline_s)
     return pp, make_learner(cfg, pp, exchange, with_deltas(cfg, pp, store), tokenizers, verifier,

@@ -158,11 +158,12 @@ def _announced(exchange, policy: str) -> tuple[int, str] | None:
 
 
 def _answer_rescue_requests(ctx: ServiceContext, engine, spec, context: int | None, log, replica: int, stop) -> None:
-    """Under SGT-R the learner's rescue round samples on this engine (rescue_responder.py): answer it in a thread."""
-    cfg, name = ctx.cfg, ctx.policy_cfg.name
-    if cfg.sharing.for_receiver(name, [q.name for q in cfg.policies])[1].mode == "sgt_r":
-        SampleResponder(name, ctx.exchange, engine, spec, lambda: ctx.last_step("learner"), max_context=context,
-                        log=log, consumer=str(replica)).serve(stop)
+    """Answer the learner's rescue requests (SGT-R's second round: rescue_responder.py) in a thread. It runs whatever
+    the mode: a learner whose mode samples no rescues sends none, and an idle thread blocked on an empty stream
+    costs nothing."""
+    name = ctx.policy_cfg.name
+    SampleResponder(name, ctx.exchange, engine, spec, lambda: ctx.last_step("learner"), max_context=context, log=log,
+                    consumer=str(replica)).serve(stop)
 
 
 def _loaded(metrics, policy: str, version: int, follower: WeightsFollower) -> None:

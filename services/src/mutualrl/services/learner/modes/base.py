@@ -69,6 +69,7 @@ class SharingMode:
     section: ClassVar[str]  # where docs/algorithms.md specifies it
     peer_kinds: ClassVar[tuple[str, ...]] = ()  # SEE payload kinds the learner reads from peers
     record_keys: ClassVar[tuple[str, ...]] = ()  # fields this mode adds to a step's record (from its loss metrics)
+    samples_rescues: ClassVar[bool] = False  # the learner runs a rescue round on its own engine (SGT-R)
 
     def __init__(self, policy: str, algorithm: AlgorithmConfig, sharing: SharingConfig, max_new_tokens: int,
                  tracker: CapabilityTracker | None):

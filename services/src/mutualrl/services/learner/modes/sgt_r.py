@@ -24,6 +24,7 @@ class HintedSuccessTransfer(SharingMode):
     name = "sgt_r"
     section = "§3.5 SGT-R"
     peer_kinds = ("verified_success",)
+    samples_rescues = True
     record_keys = (*EDGE_COUNTS, "hint_refused", "hint_delta_mean", "hint_weight_mean", "hint_floored_frac",
                    "hint_capped_frac")
 
