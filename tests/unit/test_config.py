@@ -216,3 +216,14 @@ def test_a_policy_can_have_its_own_evaluation_cadence_and_a_cadence_must_name_a_
         ExperimentConfig.model_validate({**base, "eval": {"every_for": {"c": 5}}})
     with pytest.raises(ValueError, match="at least 1 step"):
         ExperimentConfig.model_validate({**base, "eval": {"every_for": {"a": 0}}})
+
+
+def test_sgt_r_refuses_a_sharded_receiver_in_one_line():
+    from mutualrl.config import ExperimentConfig
+
+    pol = lambda name, gpus=1: {"name": name, "model": {"family": "llama"}, "tokenizer": {"kind": "char"},  # noqa: E731
+                                "resources": {"learner_gpus": gpus}}
+    base = {"name": "x", "task": {"name": "arithmetic"}, "sharing": {"mode": "sgt_r"}}
+    ExperimentConfig.model_validate({**base, "policies": [pol("a"), pol("b")]})
+    with pytest.raises(ValueError, match="policy 'b' has a sharded learner"):
+        ExperimentConfig.model_validate({**base, "policies": [pol("a"), pol("b", 2)]})

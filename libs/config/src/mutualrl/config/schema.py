@@ -392,6 +392,15 @@ class SgtRConfig(_Strict):
                          "(0 is Guide's correction, which removes exactly the form a cold receiver must learn).")
     w_max: float = Field(2.0, ge=1, description="Cap of a rescued token's weight.")
 
+    def check_experiment(self, cfg: "ExperimentConfig") -> None:
+        """The rescue round runs the learner's forward passes on one rank: a sharded receiver is refused."""
+        names = [p.name for p in cfg.policies]
+        for p in cfg.policies:
+            if p.resources.learner_gpus > 1 and cfg.sharing.for_receiver(p.name, names)[1].mode == "sgt_r":
+                raise ValueError(f"sharing.mode sgt_r: policy {p.name!r} has a sharded learner "
+                                 f"(resources.learner_gpus {p.resources.learner_gpus}); SGT-R's rescue round runs "
+                                 "on one learner rank and does not support sharded receivers yet")
+
 
 class PrpConfig(_Strict):
     """Peer Rollout Pooling (docs/algorithms.md §3.3)."""
