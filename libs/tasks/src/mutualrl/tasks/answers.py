@@ -38,7 +38,8 @@ def _last_number(text: str) -> Optional[str]:
     return "0" if value in ("-0", "") else value
 
 
-def _last_boxed(text: str) -> Optional[str]:
+def _boxed_span(text: str) -> tuple[int, int] | None:
+    """Where the content of the last ``\\boxed{…}`` stands (braces balanced), or None (none, or cut off)."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -46,8 +47,13 @@ def _last_boxed(text: str) -> Optional[str]:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i:j].strip()
+            return i, j
     return None  # unbalanced: the answer was cut off
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    span = _boxed_span(text)
+    return text[span[0]:span[1]].strip() if span else None
 
 
 def extract_answer(text: str, fmt: str) -> Optional[str]:
@@ -102,15 +108,7 @@ def answer_span(text: str, fmt: str) -> tuple[int, int] | None:
         found = list(_NUMBER.finditer(text))
         return (found[-1].start(), found[-1].end()) if found else None
     if fmt == "boxed":
-        start = text.rfind("\\boxed{")
-        if start < 0 or _last_boxed(text) is None:
-            return None
-        i, depth = start + len("\\boxed{"), 1
-        for j in range(i, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                return i, j
-        return None
+        return _boxed_span(text)
     if fmt == "answer_tags":
         found = list(_TAGS.finditer(text))
         return (found[-1].start(1), found[-1].end(1)) if found else None
