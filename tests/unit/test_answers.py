@@ -3,7 +3,13 @@ chat-style answer scores by what it says, a built model keeps whole-completion m
 
 import pytest
 
-from mutualrl.config.schema import PRETRAINED_LR, ExperimentConfig
+from mutualrl.config.schema import (
+    LARGE_MODEL_PARAMS,
+    LARGE_PRETRAINED_LR,
+    PRETRAINED_LR,
+    ExperimentConfig,
+    pretrained_lr,
+)
 from mutualrl.models.precision import resolve_precision
 from mutualrl.tasks import Problem, build_task, build_verifier
 from mutualrl.tasks.answers import INSTRUCTIONS, extract_answer
@@ -56,14 +62,22 @@ REAL = {"name": "real", "model": {"path": "/models/some-instruct"}}
 def test_a_loaded_model_gets_pretrained_defaults():
     cfg = _cfg(REAL)
     p = cfg.policies[0]
-    assert p.warm_start.enabled is False and p.optim.lr == PRETRAINED_LR
+    assert p.warm_start.enabled is False and p.optim.lr is None  # chosen by the model's size when it is loaded
     assert resolve_precision(p.model.dtype, pretrained=True, device=p.engine.device,
                              cpuinfo="flags\t: fpu avx2").name == "float32"  # a CPU without bf16
     assert cfg.task.answer_format == "last_number"
     assert cfg.task_instruction() == INSTRUCTIONS["last_number"]
     # the resolved config round-trips (config.yaml is written resolved)
     again = ExperimentConfig.model_validate(cfg.model_dump())
-    assert again.policies[0].optim.lr == PRETRAINED_LR and again.task.answer_format == "last_number"
+    assert again.policies[0].optim.lr is None and again.task.answer_format == "last_number"
+
+
+def test_a_loaded_models_learning_rate_shrinks_with_its_size():
+    """AdamW's first step moves every parameter by ~lr, so the objective moves by ~lr·‖g‖₁, which grows with the
+    parameter count: SmolLM2-135M and Gemma-3-270M keep 1e-5, the 630 M Qwen2.5-Coder gets 1e-6."""
+    assert pretrained_lr(135_000_000) == pretrained_lr(268_000_000) == PRETRAINED_LR == 1e-5
+    assert pretrained_lr(LARGE_MODEL_PARAMS) == PRETRAINED_LR
+    assert pretrained_lr(LARGE_MODEL_PARAMS + 1) == pretrained_lr(630_000_000) == LARGE_PRETRAINED_LR == 1e-6
 
 
 def test_values_a_file_sets_are_kept_for_a_loaded_model():

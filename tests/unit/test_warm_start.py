@@ -87,3 +87,32 @@ def test_init_seed_pins_a_policys_starting_point_wherever_it_is_listed(tmp_path)
 
     assert sources(["a", "b"], False)["a"] != sources(["b", "a"], False)["a"]
     assert sources(["a", "b"], True)["a"] == sources(["b", "a"], True)["a"]
+
+
+def test_a_loaded_policy_gets_its_learning_rate_by_size_when_it_is_prepared(tmp_path, arithmetic_task):
+    """``optim.lr`` unset on a loaded model is settled by its parameter count when it is loaded, and said; a value
+    the file sets is kept."""
+    from mutualrl.config import parse_config
+    from mutualrl.config.schema import PRETRAINED_LR
+    from mutualrl.models.families import ModelShape
+    from mutualrl.models.policy import load_policy
+    from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy
+
+    arts = load_policy(family="llama", shape=ModelShape(32, 1, 4, 64, 64), tokenizer_kind="char",
+                       corpus=arithmetic_task.corpus, corpus_fingerprint=arithmetic_task.fingerprint(), seed=1)
+    arts.model.save_pretrained(tmp_path / "m")
+    arts.tokenizer.save_pretrained(tmp_path / "m")
+    for optim, want in (("", PRETRAINED_LR), ("optim: {lr: 3.0e-6}", 3e-6)):
+        cfg = parse_config(f"""
+name: t
+policies:
+  - name: loaded
+    model: {{path: {tmp_path / 'm'}}}
+    {optim}
+task: {{name: arithmetic, min_digits: 1, max_digits: 1, train_size: 64, eval_size: 8, answer_format: last_number}}
+""", "t")
+        task, verifier = build_task_from_config(cfg)
+        said: list[str] = []
+        prepare_policy(cfg, 0, task, verifier, tmp_path / "cache", said.append)
+        assert cfg.policies[0].optim.lr == want
+        assert any("RL learning rate 1e-05" in s for s in said) == (not optim), said

@@ -224,6 +224,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     # external engines (vllm, sglang) read weights from disk; in-process ones share memory
     store = WeightStore(out_dir / "weights") if any(p.engine.backend != "hf" for p in cfg.policies) else WeightStore()
     runtimes = _build_runtimes(cfg, task, verifier, cache, exchange, store, rep, out_dir)
+    dump_config(cfg, out_dir / "config.yaml")  # again: loading the models settled what their size decides (optim.lr)
 
     # the rollout side loads each version the learner announces (write, then announce, then load)
     followers = {rt.name: WeightsFollower(rt.name, exchange, store, rt.engine.update_weights,

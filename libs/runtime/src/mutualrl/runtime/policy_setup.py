@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mutualrl.config import ConfigError, ExperimentConfig
-from mutualrl.config.schema import PolicyConfig
+from mutualrl.config.schema import PolicyConfig, pretrained_lr
 from mutualrl.models.families import ModelShape
 from mutualrl.models.policy import PolicyArtifacts, PromptStyle, load_policy, policy_tokenizer
 from mutualrl.models.precision import Precision, resolve_precision
@@ -103,6 +103,10 @@ def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Veri
             corpus=task.corpus, corpus_fingerprint=task.fingerprint(), seed=start_seed, cache_dir=cache,
         )
     arts.model.to(p.engine.device)
+    if p.optim.lr is None:  # a loaded model: its RL learning rate by its size (config.schema.pretrained_lr)
+        p.optim.lr = pretrained_lr(arts.num_params)
+        phase(f"[{p.name}] RL learning rate {p.optim.lr:g} ({arts.num_params / 1e6:.0f} M parameters; set "
+              "optim.lr to choose another)")
     steps = 0
     if p.warm_start.enabled:
         w = p.warm_start
