@@ -158,3 +158,55 @@ def test_a_peer_row_of_an_earlier_step_is_refused_as_late_not_as_an_unknown_prom
                               finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
     rec = a_learner.train_step(2, now)
     assert rec["peer_rejected"] == {"late": 1, "unknown_prompt": 1}
+
+
+def test_every_peer_refusal_is_dead_lettered_with_its_reason_and_logged(arithmetic_task, caplog):
+    """A lying peer's false success, a claim whose ids do not spell its text and a malformed trace each reach the
+    dead-letter stream as ``peer_<reason>`` with the fields that decided it, and a warning names each one; a
+    message from outside the staleness window (routine under pipelining) is counted and summed in one line, not
+    dead-lettered. Nothing refused is left pending."""
+    import json
+    import logging
+
+    from mutualrl.tasks.verifiers import ExactMatchVerifier
+
+    ex, _, pols = _setup(arithmetic_task, mode="sgt")
+    problems = [Problem("12+34=", "46"), Problem("5+5=", "10")]
+    a_arts, _, _, learner = pols["a"]
+    learner.intake.verifier = ExactMatchVerifier()
+    _own_all_fail(ex, a_arts, problems, step=3)
+    b_tok, b_fp = pols["b"][0].tokenizer, pols["b"][0].fingerprint
+
+    def success(p, text, ids=None, logprobs=None, step=3):
+        ids = ids if ids is not None else b_tok(text, add_special_tokens=False)["input_ids"]
+        return ex.publish(pb.VerifiedSuccess(prompt_id=p.prompt_id, prompt_text=p.prompt, completion_text=text,
+                                             token_ids=ids, logprobs=logprobs if logprobs is not None else
+                                             [-0.5] * len(ids), reward=1.0, step=step,
+                                             tokenizer_fingerprint=b_fp), "b")
+
+    true = success(problems[0], "46")
+    lie = success(problems[1], "11")                                              # does not verify
+    spelled = success(problems[1], "10", ids=b_tok("12", add_special_tokens=False)["input_ids"])  # ids say 12
+    broken = success(problems[0], "46", logprobs=[-0.5] * 7)                      # 7 log-probs for fewer ids
+    stale = success(problems[0], "46", step=1)                                    # two steps old: stale
+    with caplog.at_level(logging.INFO, logger="mutualrl.learner.peer"):
+        rec = learner.train_step(3, problems)
+    assert rec["rescue_count"] == 1
+    assert rec["peer_rejected"] == {"reverify_failed": 1, "text_mismatch": 1, "malformed": 1, "stale": 1}
+    letters = {}
+    for e in ex.broker.recent(dead_letter_stream("mutualrl:it"), 100):
+        reason, _, _, detail, _ = e.data.split(b"\x00", 4)
+        d = json.loads(detail)
+        letters[d["message_id"]] = (reason.decode(), d)
+    assert set(letters) == {lie, spelled, broken}  # the true success is used, the stale one only counted
+    assert letters[lie][0] == "peer_reverify_failed" and letters[lie][1]["completion_text"] == "11"
+    assert letters[spelled][0] == "peer_text_mismatch"
+    assert letters[spelled][1]["claimed"] == "10" and letters[spelled][1]["decoded"] == "12"
+    assert letters[broken][0] == "peer_malformed" and letters[broken][1]["logprobs"] == 7
+    assert all(d["producer"] == "b" and d["kind"] == "verified_success" for _, d in letters.values())
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "dead-lettered" in r.getMessage()]
+    assert sorted(r.fields["message_id"] for r in warned) == sorted([lie, spelled, broken])
+    assert any("a false claim" in r.getMessage() for r in warned if r.fields["message_id"] == lie)
+    routine = [r for r in caplog.records if r.levelno == logging.INFO and "not used" in r.getMessage()]
+    assert len(routine) == 1 and routine[0].fields["routine_refusals"] == {"stale": 1}
+    assert stale not in letters and learner.peer_sub.pending() == 0

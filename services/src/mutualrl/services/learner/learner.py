@@ -30,7 +30,13 @@ from mutualrl.services.learner.micro_batches import LearnerForward, plan_micro_b
 from mutualrl.services.learner.modes import make_mode, record_keys
 from mutualrl.services.learner.objective import OWN, PEER, LossInputs, Rows, right_aligned
 from mutualrl.services.learner.own_experience import OwnIntake
-from mutualrl.services.learner.peer_experience import IntakeResult, PeerIntake
+from mutualrl.services.learner.peer_experience import (
+    IntakeResult,
+    PeerIntake,
+    PeerRefusal,
+    dead_letter,
+    log_routine_refusals,
+)
 from mutualrl.services.learner.reputation import PeerReputation, ReputationEvent
 from mutualrl.services.learner.success_bank import SuccessBank
 from mutualrl.tasks import Problem
@@ -139,6 +145,7 @@ class Learner:
         self.bank: SuccessBank | None = self.mode.success_bank()
         self._peer_buffer: list[Received] = []
         self._to_ack: list[tuple[object, list[Received]]] = []  # (subscription, messages) awaiting commit()
+        self._to_refuse: list[PeerRefusal] = []  # peer messages to dead-letter at commit()
         # message ids the last step trained on, by kind (the service's ledger)
         self.last_used: dict[str, list[str]] = {}
         self.totals: Counter[str] = Counter()
@@ -183,6 +190,9 @@ class Learner:
         for sub, msgs in self._to_ack:
             sub.ack(msgs)  # type: ignore[attr-defined]
         self._to_ack = []
+        for refusal in self._to_refuse:
+            dead_letter(self.peer_sub, refusal, self.policy)
+        self._to_refuse = []
 
     def state_dict(self) -> dict:
         """Everything a resumed learner needs: model, optimiser, version, tracker, totals and reputation."""
@@ -336,7 +346,12 @@ class Learner:
             before_update(inputs)  # a sharded learner's other ranks take the same update (service.py)
         update = self.apply_update(inputs, stages)
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)
-        self._to_ack += [(self.own, own)] + ([(self.peer_sub, intake.used)] if self.peer_sub is not None else [])
+        self._to_ack.append((self.own, own))
+        if self.peer_sub is not None:  # refused peer messages are dead-lettered instead of acknowledged
+            refused = {id(r.message) for r in intake.refusals}
+            self._to_ack.append((self.peer_sub, [m for m in intake.used if id(m) not in refused]))
+            self._to_refuse += intake.refusals
+        log_routine_refusals(self.policy, step, intake.rejected)
         self.last_used = {"own": [r.envelope.message_id for r in own],
                           "peer": [r.envelope.message_id for r in intake.used]}
         if commit:

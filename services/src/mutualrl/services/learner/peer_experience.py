@@ -3,11 +3,16 @@
 A peer is never trusted blindly (docs/algorithms.md §3.2): a claimed success or reward is
 re-scored by the receiver's own verifier, statistics are sanity-checked, and
 text that the receiver's tokenizer cannot carry within the THL budget is
-rejected. Every rejection is counted by reason; nothing is dropped silently.
+rejected. Every rejection is counted by reason; nothing is dropped silently: a refused message is kept with its
+reason and the fields that decided it (``IntakeResult.refusals``), and the learner dead-letters and logs it once the
+step's update has used the rest. Only the refusals ordinary pipelining makes every step (``ROUTINE_REFUSALS``) are
+counted without a dead letter each.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -19,6 +24,17 @@ from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.see import Received
 from mutualrl.tasks import Problem, Verifier
 from mutualrl.thl import Converted, ThlBudget, convert, convert_batch
+
+log = logging.getLogger("mutualrl.learner.peer")
+
+ROUTINE_REFUSALS = frozenset({"stale", "late"})
+"""Refusals that a healthy run makes every step — a peer's message from outside the staleness window, or about an
+earlier step's prompts — are counted per edge and by reason (records, Prometheus) and summed in one log line per
+step. Dead-lettered one by one they would flood the dead-letter stream and bury what it is for: refusals that say
+something is wrong."""
+
+TEXT_IN_DETAIL = 200
+"""Characters of a refused message's text kept in its dead letter's detail (the whole message is in the record)."""
 
 
 def _canonical_claim(payload) -> bool | None:
@@ -75,6 +91,36 @@ class PeerStats:
     success_rate: float
 
 
+@dataclass(frozen=True)
+class PeerRefusal:
+    """One peer message the intake will not use: its reason and the fields that decided it."""
+    message: Received
+    reason: str
+    detail: dict
+
+
+def dead_letter(sub, refusal: PeerRefusal, policy: str) -> None:
+    """One refused peer message to the dead-letter stream (``peer_<reason>`` with its deciding fields) and a warning
+    naming it; a false claim (a success that does not verify, ids that do not spell the claimed text) also says that
+    it counts against the peer's reputation."""
+    r, d = refusal.reason, refusal.detail
+    sub.refuse([refusal.message], f"peer_{r}", json.dumps(d))
+    false_claim = r in ("reverify_failed", "text_mismatch")
+    log.warning("peer %s %s from %s refused (%s): dead-lettered%s", d["kind"], d["message_id"], d["producer"], r,
+                "; a false claim, held against the peer's reputation" if false_claim else "",
+                extra={"fields": {"policy": policy, "reason": r, **d}})
+
+
+def log_routine_refusals(policy: str, step: int, rejected: Counter) -> None:
+    """One line a step for the peer messages a healthy run leaves unused (``ROUTINE_REFUSALS``, and rows of a
+    quarantined peer, whose reputation events are logged on their own): counted, not dead-lettered."""
+    routine = {k: v for k, v in rejected.items() if k in ROUTINE_REFUSALS or k == "quarantined"}
+    if routine:
+        log.info("step %s: %s peer message(s) not used (%s)", step, sum(routine.values()),
+                 ", ".join(f"{k} {v}" for k, v in sorted(routine.items())),
+                 extra={"fields": {"policy": policy, "step": step, "routine_refusals": routine}})
+
+
 @dataclass
 class IntakeResult:
     """What one step's peer experience became: admitted rows, rescues, and rejections by reason."""
@@ -97,6 +143,18 @@ class IntakeResult:
     step_lags: list[int] = field(default_factory=list)  # own step − the message's step, of every one admitted
     # per source policy (a sharing edge into this learner): messages offered, refused as stale, refused by THL
     per_source: dict[str, Counter] = field(default_factory=dict)
+    refusals: list[PeerRefusal] = field(default_factory=list)  # to dead-letter (all but ROUTINE_REFUSALS)
+
+    def refuse(self, m: Received, reason: str, **fields) -> None:
+        """Count a refusal by reason and, unless it is routine, keep the message with its deciding fields."""
+        self.rejected[reason] += 1
+        if reason in ROUTINE_REFUSALS:
+            return
+        p = m.payload
+        self.refusals.append(PeerRefusal(m, reason, {
+            "kind": m.kind, "producer": m.envelope.producer, "message_id": m.envelope.message_id,
+            "step": int(p.step), "prompt_id": p.prompt_id, "weights_version": int(m.envelope.weights_version),
+            **fields}))
 
     def count(self, source: str, what: str) -> None:
         """Count one event of a sharing edge (``offered``, ``stale``, ``thl_rejected``)."""
@@ -150,7 +208,7 @@ class PeerIntake:
         p = m.payload
         out.count(m.envelope.producer, "offered")
         if step - p.step > (self.max_step_lag if max_lag is None else max_lag) or p.step > step:
-            out.rejected["stale"] += 1
+            out.refuse(m, "stale")
             out.count(m.envelope.producer, "stale")
             return None
         problem = problems.get(p.prompt_id)
@@ -158,12 +216,13 @@ class PeerIntake:
             # a row of an earlier step (within the lag) is about that step's prompts, which this step cannot
             # re-verify: it came too late to be used, it does not name a prompt that never existed
             reason = "late" if p.step < step else "unknown_prompt"
-            out.rejected[reason] += 1
+            out.refuse(m, reason, receiver_step=step)
             if reason == "late":
                 out.count(m.envelope.producer, "stale")
             return None
         if hasattr(p, "prompt_text") and problem.prompt != p.prompt_text:
-            out.rejected["prompt_mismatch"] += 1
+            out.refuse(m, "prompt_mismatch", prompt_text=p.prompt_text[:TEXT_IN_DETAIL],
+                       expected=problem.prompt[:TEXT_IN_DETAIL])
             return None
         out.step_lags.append(step - p.step)
         return problem
@@ -178,10 +237,11 @@ class PeerIntake:
             # type: ignore[arg-type]
         )
 
-    def _usable(self, out: IntakeResult, conv: Converted, claimed_text: str, source: str = "") -> bool:
+    def _usable(self, out: IntakeResult, conv: Converted, m: Received) -> bool:
         """The conversion reproduces the text the peer claimed and is within the THL budget
         (its residual is recorded); otherwise the rejection is counted by reason. Only a false claim (``text_mismatch``)
         counts against the peer's reputation; a THL rejection does not."""
+        source, claimed_text = m.envelope.producer, m.payload.completion_text
         health = out.by_source.setdefault(source,
                                           {"unaligned": [], "logprob": [], "length": [], "roundtrip_failed": []})
         health["unaligned"].append(conv.residual.unaligned_fraction)
@@ -189,14 +249,17 @@ class PeerIntake:
         health["length"].append(conv.residual.length_ratio)
         health["roundtrip_failed"].append(0.0 if conv.residual.roundtrip_ok else 1.0)
         if conv.text != claimed_text:  # the peer's own ids do not spell the text it claims: a false claim
-            out.rejected["text_mismatch"] += 1
+            out.refuse(m, "text_mismatch", claimed=claimed_text[:TEXT_IN_DETAIL], decoded=conv.text[:TEXT_IN_DETAIL])
             out.failures[source] += 1
             return False
         reason = self._record(out, conv)
         if reason:
             # the receiver cannot carry this text over (a character its vocabulary cannot spell, a residual over
             # the budget): a limit of the pair of tokenizers, never held against the peer's reputation
-            out.rejected[reason] += 1
+            r = conv.residual
+            out.refuse(m, reason, unaligned_fraction=r.unaligned_fraction, logprob_residual=r.logprob_residual,
+                       length_ratio=r.length_ratio, roundtrip_ok=r.roundtrip_ok,
+                       max_unaligned=self.budget.max_unaligned)
             out.count(source, "thl_rejected")
             return False
         return True
@@ -226,12 +289,12 @@ class PeerIntake:
                 continue
             vs = m.payload
             out.claims[m.envelope.producer] += 1
-            if self.verifier.score(problem, vs.completion_text) <= 0:
-                out.rejected["reverify_failed"] += 1  # the peer claimed a success we cannot confirm
+            if self.verifier.score(problem, vs.completion_text) <= 0:  # a success we cannot confirm
+                out.refuse(m, "reverify_failed", completion_text=vs.completion_text[:TEXT_IN_DETAIL])
                 out.failures[m.envelope.producer] += 1
                 continue
             if len(vs.logprobs) and len(vs.logprobs) != len(vs.token_ids):
-                out.rejected["malformed"] += 1
+                out.refuse(m, "malformed", tokens=len(vs.token_ids), logprobs=len(vs.logprobs))
                 continue
             if self.tokenizers.get(vs.tokenizer_fingerprint) is not None and len(vs.token_ids):
                 by_source[vs.tokenizer_fingerprint].append((m, problem))
@@ -247,10 +310,10 @@ class PeerIntake:
             converted.append((m, p, convert(None, self.tokenizer, text=m.payload.completion_text)))
         for m, problem, conv in converted:
             vs = m.payload
-            if not self._usable(out, conv, vs.completion_text, m.envelope.producer):
+            if not self._usable(out, conv, m):
                 continue
             if not conv.target_ids:
-                out.rejected["empty"] += 1
+                out.refuse(m, "empty")
                 continue
             out.rescues.append(
                 RescueItem(
@@ -282,10 +345,11 @@ class PeerIntake:
                 continue
             r = m.payload
             if len(r.token_ids) != len(r.logprobs) or not all(math.isfinite(x) for x in r.logprobs):
-                out.rejected["malformed"] += 1
+                out.refuse(m, "malformed", tokens=len(r.token_ids), logprobs=len(r.logprobs),
+                           finite=all(math.isfinite(x) for x in r.logprobs))
                 continue
             if self.tokenizers.get(r.tokenizer_fingerprint) is None:
-                out.rejected["unknown_tokenizer"] += 1
+                out.refuse(m, "unknown_tokenizer", tokenizer_fingerprint=r.tokenizer_fingerprint)
                 continue
             score = float(self.verifier.score(problem, r.completion_text))
             out.claims[m.envelope.producer] += 1
@@ -300,7 +364,7 @@ class PeerIntake:
             convs = self._convert(src_tok, [m for m, _, _ in items], with_logprobs=True)
             for (m, problem, score), conv in zip(items, convs):
                 r = m.payload
-                if not self._usable(out, conv, r.completion_text, m.envelope.producer):
+                if not self._usable(out, conv, m):
                     continue
                 stopped = r.finish_reason == "stop"
                 ids = list(conv.target_ids)
@@ -309,7 +373,7 @@ class PeerIntake:
                 src_mean = conv.source_mean_logprob
                 if not ids:
                     if not stopped:
-                        out.rejected["empty"] += 1
+                        out.refuse(m, "empty", finish_reason=r.finish_reason)
                         continue
                     # EOS-only completion: the receiver's EOS carries the source EOS's log-prob
                     ids, lps, mask, src_mean = [eos], [float(r.logprobs[-1])], [1.0], float(r.logprobs[-1])
@@ -345,11 +409,12 @@ class PeerIntake:
             ok = a.count >= 1 and all(math.isfinite(x) for x in (a.mean, a.std,
                 a.success_rate)) and a.std >= 0 and 0 <= a.success_rate <= 1
             if not ok:
-                out.rejected["invalid_stats"] += 1
+                out.refuse(m, "invalid_stats", count=int(a.count), mean=repr(a.mean), std=repr(a.std),
+                           success_rate=repr(a.success_rate))
                 continue
             peers = out.stats.setdefault(a.prompt_id, [])
             if any(s.producer == m.envelope.producer for s in peers):
-                out.rejected["duplicate_stats"] += 1
+                out.refuse(m, "duplicate_stats")
                 continue
             peers.append(PeerStats(m.envelope.producer, int(a.count), float(a.mean), float(a.std),
                                    float(a.success_rate)))
