@@ -198,7 +198,7 @@ def test_every_peer_refusal_is_dead_lettered_with_its_reason_and_logged(arithmet
         reason, _, _, detail, _ = e.data.split(b"\x00", 4)
         d = json.loads(detail)
         letters[d["message_id"]] = (reason.decode(), d)
-    assert set(letters) == {lie, spelled, broken}  # the true success is used, the stale one only counted
+    assert set(letters) == {lie, spelled, broken} and true not in letters  # used; the stale one only counted
     assert letters[lie][0] == "peer_reverify_failed" and letters[lie][1]["completion_text"] == "11"
     assert letters[spelled][0] == "peer_text_mismatch"
     assert letters[spelled][1]["claimed"] == "10" and letters[spelled][1]["decoded"] == "12"

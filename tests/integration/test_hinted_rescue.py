@@ -95,7 +95,7 @@ def _receiver(task, corpus, cfg: SgtRConfig, *, style: PromptStyle | None = None
     learner = Learner("a", arts.model, tok, ex, PeerIntake(tok, oracle, TokenizerRegistry(), thl or ThlBudget(),
                                                           prompt_style=style), WeightStore(), settings, peers=["b"])
     recorder = _Recorder(engine_sampler(engine, spec), tok, oracle)
-    learner.rescue = HintedRescue("a", cfg, tok, style, oracle, "last_number", recorder, learner.logprobs_now,
+    learner.rescue = HintedRescue("a", cfg, tok, style, oracle, "last_number", recorder, learner.updater.logprobs_now,
                                   group_size=G, seed=0, max_context=learner.context_limit,
                                   max_new_tokens=spec.max_new_tokens)
     return ex, worker, learner, recorder, oracle, tok

@@ -320,7 +320,7 @@ def test_learning_rate_warms_up_linearly_from_the_step(arithmetic_task):
         problems = arithmetic_task.train[8 * step: 8 * step + 8]
         worker.run_step(step, problems)
         learner.train_step(step, problems)
-        assert learner.opt.param_groups[0]["lr"] == pytest.approx(4e-3 * step / 4)
+        assert learner.updater.opt.param_groups[0]["lr"] == pytest.approx(4e-3 * step / 4)
 
 
 class _HostReads(TorchFunctionMode):

@@ -16,10 +16,10 @@ from mutualrl.models.families import ModelShape
 from mutualrl.models.precision import resolve_precision
 from mutualrl.see import ExperienceExchange, InProcessBroker
 from mutualrl.services.learner import Learner, LearnerSettings, PeerIntake, TokenizerRegistry
-from mutualrl.services.learner.learner import StepInputs
 from mutualrl.services.learner.micro_batches import plan_micro_batches
 from mutualrl.services.learner.modes.base import group_ids
 from mutualrl.services.learner.objective import OWN, Rows
+from mutualrl.services.learner.update import StepInputs
 from mutualrl.services.rollout import HFEngine, RolloutWorker, SamplingSpec
 from mutualrl.tasks.verifiers import ExactMatchVerifier
 from mutualrl.thl import ThlBudget
@@ -87,9 +87,9 @@ def test_micro_batched_update_equals_the_whole_batch_update(sampled, algorithm, 
     whole = _learner(arts, ex, store, AlgorithmConfig(**algorithm), behaviour_correction=correction)
     micro = _learner(arts, ex, store, AlgorithmConfig(**algorithm, micro_batch_rows=3, micro_batch_tokens=48),
                      behaviour_correction=correction)
-    assert len(micro._plan(inputs.rows.prompt_token_ids, inputs.rows.token_ids)) > 3
-    r_whole = whole.apply_update(inputs, {"logprob": 0.0})
-    r_micro = micro.apply_update(inputs, {"logprob": 0.0})
+    assert len(micro.updater.plan(inputs.rows.prompt_token_ids, inputs.rows.token_ids)) > 3
+    r_whole = whole.updater.apply(inputs, {"logprob": 0.0})
+    r_micro = micro.updater.apply(inputs, {"logprob": 0.0})
     assert r_micro.losses == pytest.approx(r_whole.losses, rel=1e-5, abs=1e-7)
     assert r_micro.grad_norms == pytest.approx(r_whole.grad_norms, rel=1e-4)
     assert r_whole.grad_norms[0] > 0
@@ -121,7 +121,7 @@ def test_micro_batches_carry_the_sgt_rescue_term(arithmetic_task):
     sharing = SharingConfig(mode="sgt", sgt=SgtConfig(weight=1.0))
     whole = _learner(arts, ex, store, AlgorithmConfig(), sharing)
     micro = _learner(arts, ex, store, AlgorithmConfig(micro_batch_rows=2), sharing)
-    r_whole, r_micro = (x.apply_update(inputs, {"logprob": 0.0}) for x in (whole, micro))
+    r_whole, r_micro = (x.updater.apply(inputs, {"logprob": 0.0}) for x in (whole, micro))
     assert r_whole.per_minibatch[0]["sgt_nll"] > 0
     assert r_micro.losses == pytest.approx(r_whole.losses, rel=1e-5)
     for a, b in zip(whole.model.parameters(), micro.model.parameters()):
@@ -134,14 +134,14 @@ def test_bf16_mixed_keeps_fp32_weights_and_corrects_for_the_sampler(sampled):
     arts, ex, store, inputs = sampled
     bf16 = resolve_precision("bf16-mixed", pretrained=True, device="cpu")
     learner = _learner(arts, ex, store, AlgorithmConfig(), precision=bf16, behaviour_correction=True)
-    result = learner.apply_update(inputs, {"logprob": 0.0})
+    result = learner.updater.apply(inputs, {"logprob": 0.0})
     first = result.per_minibatch[0]
     assert all(p.dtype == torch.float32 for p in learner.model.parameters())
     assert 0 < first["behaviour_gap_mean"] <= first["behaviour_gap_p99"] < 1.0
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # clip anchored at π_prox = the learner's own
     assert 0 < first["is_weight_mean"] < 2.0
     exact = _learner(arts, ex, store, AlgorithmConfig())
-    gap = exact.apply_update(inputs, {"logprob": 0.0}).per_minibatch[0]
+    gap = exact.updater.apply(inputs, {"logprob": 0.0}).per_minibatch[0]
     assert gap["behaviour_gap_p99"] < 1e-4 < first["behaviour_gap_p99"]  # fp32 on both sides: the same numbers
 
 
@@ -151,8 +151,8 @@ def test_auto_correction_turns_on_past_the_bound(sampled, caplog):
     bad = copy.deepcopy(inputs)
     bad.rows.logprobs = [[lp - 0.5 for lp in row] for row in bad.rows.logprobs]  # another engine's numbers
     with caplog.at_level("WARNING", logger="mutualrl.learner"):
-        learner.apply_update(bad, {"logprob": 0.0})
-    assert learner.decoupled and learner.state_dict()["behaviour_correction"] is True
+        learner.updater.apply(bad, {"logprob": 0.0})
+    assert learner.updater.decoupled and learner.state_dict()["behaviour_correction"] is True
     assert any("behaviour correction is on" in r.getMessage() for r in caplog.records)
 
 

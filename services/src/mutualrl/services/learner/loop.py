@@ -15,7 +15,7 @@ never trained again; records the metrics file misses are written from the checkp
 
 A sharded learner's ranks must run the same collectives in the same order: rank 0's loop tells
 the others (through :class:`Lockstep`) what it does next — ``resume``, ``step`` (with the
-gathered :class:`~mutualrl.services.learner.learner.StepInputs`), ``publish``, ``eval``,
+gathered :class:`~mutualrl.services.learner.update.StepInputs`), ``publish``, ``eval``,
 ``checkpoint``, ``final`` — and :func:`follow_rank0` runs each on the other ranks through the same
 loop methods. Without checkpoints (the embedded run) each step is acknowledged at once and its
 record is durable immediately.
@@ -188,7 +188,7 @@ class LearnerLoop:
 
     def apply(self, inputs) -> None:
         """A follower rank's share of a step: the same update and weights gathering as rank 0's."""
-        self.learner.apply_update(inputs, {"logprob": 0.0})
+        self.learner.updater.apply(inputs, {"logprob": 0.0})
         self.learner.publish_weights(inputs.step)  # every rank gathers; rank 0 publishes
 
     def evaluate(self, step: int = 0) -> float:
@@ -215,7 +215,7 @@ class LearnerLoop:
         self.lockstep.send("final")
         model = self.learner.model
         if not self.learner.sharded:
-            return model, self.learner.opt
+            return model, self.learner.updater.opt
         whole = full_state_dict(model)
         if self.rank != 0:
             return model, None

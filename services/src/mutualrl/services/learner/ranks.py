@@ -4,7 +4,7 @@ The learner service is rank 0: it alone reads SEE, gathers and scores each step'
 publishes weights, serves metrics and writes the run's records. It starts ranks 1..N-1 itself,
 as child processes (`mutualrl serve learner-rank`), so every launcher — `mutualrl up`, compose,
 the chart, MWRA's pods — runs one learner command per policy. Every step, rank 0 hands its
-gathered :class:`~mutualrl.services.learner.learner.StepInputs` to the other ranks
+gathered :class:`~mutualrl.services.learner.update.StepInputs` to the other ranks
 (``broadcast_object_list``), and all ranks run the same update, gather the weights to publish,
 evaluate and checkpoint in lockstep: a sharded model's forward and backward are collectives.
 

@@ -13,10 +13,11 @@ from mutualrl.models.precision import Precision
 from mutualrl.runtime.policy_setup import PreparedPolicy, peer_tokenizer, prepare_policy, prompt_style
 from mutualrl.see import ExperienceExchange
 from mutualrl.services.learner.hinted_rescue import HintedRescue, SampleFn
-from mutualrl.services.learner.learner import Learner, LearnerSettings
+from mutualrl.services.learner.learner import Learner
 from mutualrl.services.learner.modes import MODES
 from mutualrl.services.learner.peer_experience import PeerIntake, TokenizerRegistry
 from mutualrl.services.learner.rescue_requests import ExchangeSampler
+from mutualrl.services.learner.settings import LearnerSettings
 from mutualrl.tasks import Verifier
 from mutualrl.thl import ThlBudget
 from mutualrl.weights import WeightSender, WeightStore
@@ -89,7 +90,7 @@ def make_learner(
                              "engine, and this learner was given none")
         section = getattr(sharing, sharing.mode)  # the mode's own settings
         learner.rescue = HintedRescue(p.name, section, pp.arts.tokenizer, prompt_style(cfg, p), verifier,
-                                      cfg.task.answer_format or "whole", rescue_sample, learner.logprobs_now,
+                                      cfg.task.answer_format or "whole", rescue_sample, learner.updater.logprobs_now,
                                       group_size=cfg.budget.group_size, seed=cfg.seed,
                                       max_context=learner.context_limit, max_new_tokens=cfg.budget.max_new_tokens)
     return learner
