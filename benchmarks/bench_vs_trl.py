@@ -182,7 +182,7 @@ def measure(args) -> dict:
     from mutualrl.config import load_config
     from mutualrl.models.pretrained import get_model
     from mutualrl.runtime.distributor import PromptDistributor
-    from mutualrl.runtime.policy_setup import build_task_from_config
+    from mutualrl.runtime.policy_setup import build_task_from_config, task_instruction
 
     model_dir = str(get_model("smollm2-135m-instruct", echo=print))
     sets = [f"policies.smollm2.model.path={model_dir}", f"budget.steps={args.steps}",
@@ -198,7 +198,7 @@ def measure(args) -> dict:
         sets.append(f"algorithm.micro_batch_rows={args.micro_batch}")
     cfg = load_config(CONFIG, sets)
     task, _ = build_task_from_config(cfg)
-    instruction = cfg.task_instruction()
+    instruction = task_instruction(cfg)
     # the prompts our run trains on, in its order, so TRL sees the same ones
     distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
     problems = [p for step in range(1, args.steps + 1) for p in distributor.batch(step)]

@@ -39,14 +39,14 @@ def test_models_get_prints_a_folder_transformers_loads(smollm2_dir):
 def test_prompt_ids_are_the_chat_templates_and_a_chat_answer_scores(smollm2_tokenizer):
     from mutualrl.config.schema import ExperimentConfig
     from mutualrl.models.policy import encode_prompt
-    from mutualrl.runtime.policy_setup import build_task_from_config, prompt_style
+    from mutualrl.runtime.policy_setup import build_task_from_config, prompt_style, task_instruction
 
     cfg = ExperimentConfig.model_validate(_example("smollm2.yaml"))
     task, verifier = build_task_from_config(cfg)
     problem = task.eval[0]
     style = prompt_style(cfg, cfg.policies[0])
     want = smollm2_tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"{problem.prompt}\n\n{cfg.task_instruction()}"}], add_generation_prompt=True,
+        [{"role": "user", "content": f"{problem.prompt}\n\n{task_instruction(cfg)}"}], add_generation_prompt=True,
         tokenize=True)
     want = list(want["input_ids"] if hasattr(want, "keys") else want)
     assert encode_prompt(smollm2_tokenizer, problem.prompt, style) == want

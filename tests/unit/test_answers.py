@@ -11,6 +11,7 @@ from mutualrl.config.schema import (
     pretrained_lr,
 )
 from mutualrl.models.precision import resolve_precision
+from mutualrl.runtime.policy_setup import task_instruction
 from mutualrl.tasks import Problem, build_task, build_verifier
 from mutualrl.tasks.answers import INSTRUCTIONS, extract_answer
 
@@ -66,7 +67,7 @@ def test_a_loaded_model_gets_pretrained_defaults():
     assert resolve_precision(p.model.dtype, pretrained=True, device=p.engine.device,
                              cpuinfo="flags\t: fpu avx2").name == "float32"  # a CPU without bf16
     assert cfg.task.answer_format == "last_number"
-    assert cfg.task_instruction() == INSTRUCTIONS["last_number"]
+    assert task_instruction(cfg) == INSTRUCTIONS["last_number"]
     # the resolved config round-trips (config.yaml is written resolved)
     again = ExperimentConfig.model_validate(cfg.model_dump())
     assert again.policies[0].optim.lr is None and again.task.answer_format == "last_number"
@@ -84,7 +85,7 @@ def test_values_a_file_sets_are_kept_for_a_loaded_model():
     cfg = _cfg({**REAL, "optim": {"lr": 3e-6}, "warm_start": {"enabled": True}}, answer_format="boxed", instruction="")
     p = cfg.policies[0]
     assert p.optim.lr == 3e-6 and p.warm_start.enabled is True
-    assert cfg.task.answer_format == "boxed" and cfg.task_instruction() == ""
+    assert cfg.task.answer_format == "boxed" and task_instruction(cfg) == ""
 
 
 def test_a_built_model_keeps_todays_behaviour():
@@ -93,7 +94,7 @@ def test_a_built_model_keeps_todays_behaviour():
     assert p.warm_start.enabled is True and p.optim.lr == 1e-4
     assert resolve_precision(p.model.dtype, pretrained=False, device="cpu",
                              cpuinfo="flags\t: avx512_bf16").name == "float32"
-    assert cfg.task.answer_format == "whole" and cfg.task_instruction() == ""
+    assert cfg.task.answer_format == "whole" and task_instruction(cfg) == ""
     # beside a pretrained peer the whole experiment asks for the chat format
     assert _cfg(BUILT, REAL).task.answer_format == "last_number"
 
@@ -145,3 +146,4 @@ def test_import_gguf_refuses_bad_files_in_one_line(tmp_path):
     wrong = subprocess.run([*cli, str(tmp_path / "weights.bin"), "--cache", str(tmp_path)], capture_output=True,
                            text=True, timeout=120)
     assert wrong.returncode == 2 and "is not a .gguf file" in wrong.stderr
+

@@ -18,6 +18,7 @@ from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.runtime.evaluation import greedy_eval
 from mutualrl.runtime.warm_start import warm_start
 from mutualrl.tasks import Task, Verifier, build_task, build_verifier
+from mutualrl.tasks.answers import INSTRUCTIONS
 
 
 @contextmanager
@@ -52,6 +53,16 @@ def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
         return task, build_verifier(t.verifier, task, t.answer_format)
 
 
+def task_instruction(cfg: ExperimentConfig) -> str:
+    """The instruction a pretrained policy is given: ``task.instruction``, else its answer format's default. The
+    answer format must be resolved by then (:func:`build_task_from_config` does it)."""
+    if cfg.task.instruction is not None:
+        return cfg.task.instruction
+    if cfg.task.answer_format is None:
+        raise RuntimeError("task.answer_format is resolved when the task is built (build_task_from_config)")
+    return INSTRUCTIONS[cfg.task.answer_format]
+
+
 def prompt_style(cfg: ExperimentConfig, p: PolicyConfig) -> PromptStyle:
     """How policy ``p`` is shown prompts (``policies[].prompt``, its tokenizer's chat_template setting) and the
     task's instruction. A built model is never put in completion form under ``auto``: it is trained on the bare
@@ -59,7 +70,7 @@ def prompt_style(cfg: ExperimentConfig, p: PolicyConfig) -> PromptStyle:
     pr = p.prompt
     chat = {"chat": True, "completion": False, "bare": False}.get(pr.style, p.tokenizer.chat_template)
     completion = pr.template if pr.style == "completion" or (pr.style == "auto" and p.model.path) else None
-    return PromptStyle(chat_template=chat, instruction=cfg.task_instruction(), completion_template=completion,
+    return PromptStyle(chat_template=chat, instruction=task_instruction(cfg), completion_template=completion,
                        stop=tuple(pr.stop) if pr.stop is not None else None)
 
 
