@@ -38,9 +38,11 @@ from mutualrl.app.embedded import run_embedded
 from mutualrl.config import load_config
 from mutualrl.runtime.compare_stats import ci95
 from mutualrl.runtime.outputs import read_metrics
-from mutualrl.tracking.local_server import MlflowServer, mlflow_binary
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from mlflow_server import MlflowServer, mlflow_binary  # noqa: E402  (tests/mlflow_server.py: a test fixture)
+
 DEMO = ROOT / "examples" / "demo.yaml"
 GOAL = 1.02
 

@@ -16,12 +16,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from mlflow_server import MlflowServer, mlflow_binary  # tests/mlflow_server.py
 
 from mutualrl.app.compare import CompareSpec, _nest_in_mlflow, tracking_links
 from mutualrl.app.embedded import Reporter, run_embedded
 from mutualrl.config import load_config
 from mutualrl.see.server import free_port
-from mutualrl.tracking.local_server import MlflowServer, mlflow_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["budget.steps=2", "budget.prompts_per_step=4", "eval.every=1", "eval.size=16"]

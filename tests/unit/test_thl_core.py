@@ -130,20 +130,3 @@ def test_wordpiece_whitespace_loss_is_reported_not_aligned():
     bad = convert(bpe, wp, source_ids=bpe("12+34", add_special_tokens=False)["input_ids"])
     assert not bad.residual.roundtrip_ok and bad.residual.unaligned_fraction > 0
     assert ThlBudget().rejection(bad.residual) == "roundtrip"
-
-
-def test_per_token_advantages_are_carried_as_group_means(tokenizers):
-    from mutualrl.thl import convert_batch
-
-    bpe, char = tokenizers["bpe"], tokenizers["char"]
-    ids = bpe("12+34=46", add_special_tokens=False)["input_ids"]
-    advs = [float(i) for i in range(len(ids))]
-    c = convert(bpe, char, source_ids=ids, source_advantages=advs)
-    for g in c.groups:  # every char token of a group gets the mean of its BPE tokens' advantages
-        expect = sum(advs[s] for s in g.source) / len(g.source)
-        assert all(c.target_advantages[t] == pytest.approx(expect) for t in g.target)
-    const = convert(bpe, char, source_ids=ids, source_advantages=[0.7] * len(ids))
-    assert const.target_advantages == pytest.approx([0.7] * len(const.target_ids))
-    assert convert_batch(bpe, char, [ids], source_advantages=[advs])[0].target_advantages == c.target_advantages
-    with pytest.raises(ValueError, match="source_advantages"):
-        convert(bpe, char, source_ids=ids, source_advantages=[1.0])

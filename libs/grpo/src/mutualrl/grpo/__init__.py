@@ -5,7 +5,7 @@ Every function cites the formula it implements in ``docs/algorithms.md``
 ``T`` completion tokens, ``G`` group size, ``M`` peers.
 """
 
-from mutualrl.grpo.advantages import ADVANTAGE_ESTIMATORS, get_advantage_estimator, group_stats, grpo_advantages
+from mutualrl.grpo.advantages import group_stats, grpo_advantages
 from mutualrl.grpo.aggregation import LOSS_AGG_MODES, agg_loss
 from mutualrl.grpo.decoupled import (
     SEQUENCE_LEVEL_LOSSES,
@@ -30,8 +30,6 @@ from mutualrl.grpo.sgt import (
 from mutualrl.grpo.xgrpo import XGRPO_VARIANTS, PeerGroupStats, xgrpo_advantages, xgrpo_baseline
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "get_advantage_estimator",
     "grpo_advantages",
     "group_stats",
     "SEQUENCE_LEVEL_LOSSES",

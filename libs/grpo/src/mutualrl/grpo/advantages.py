@@ -5,9 +5,6 @@ from __future__ import annotations
 import torch
 
 from mutualrl.grpo.groups import group_index, group_sum
-from mutualrl.grpo.registry import Registry
-
-ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 
 
 def group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -30,7 +27,6 @@ def group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.T
     return mean[inverse], std[inverse], count[inverse]
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
 def grpo_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
@@ -47,7 +43,3 @@ def grpo_advantages(
     adv = rewards.float() - mean  # [B]
     return adv / (std + epsilon) if norm_by_std else adv
 
-
-def get_advantage_estimator(name: str):
-    """The advantage estimator registered under ``name`` (the error lists the valid names)."""
-    return ADVANTAGE_ESTIMATORS.get(name)

@@ -39,6 +39,12 @@ class PolicyArtifacts:
         return sum(p.numel() for p in self.model.parameters())
 
 
+def context_limit(config) -> int | None:
+    """The longest prompt + completion a model takes (its position embeddings), or None when its config says none."""
+    n = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(n) if n else None
+
+
 def tokenizer_fingerprint(tok: PreTrainedTokenizerBase) -> str:
     """Hash of the vocabulary: equal fingerprints mean ids are interchangeable."""
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])

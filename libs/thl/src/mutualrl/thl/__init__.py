@@ -15,7 +15,6 @@ from mutualrl.thl.convert import (
     canonical_text,
     convert,
     transport_logprobs,
-    transport_values,
 )
 
 __all__ = [
@@ -28,6 +27,5 @@ __all__ = [
     "canonical_text",
     "convert",
     "transport_logprobs",
-    "transport_values",
     "convert_batch",
 ]

@@ -121,7 +121,6 @@ def convert_batch(
     placement: Literal["spread", "last"] = "spread",
     with_groups: bool = False,
     source_canonical: Sequence[bool | None] | None = None,
-    source_advantages: list[list[float]] | None = None,
 ) -> list[Converted]:
     """Convert many completions at once; ``with_groups`` also builds the AlignmentGroup objects
     (slower; the learner only needs the transported traces and the residual).
@@ -138,16 +137,6 @@ def convert_batch(
     """
     if source_logprobs is not None and len(source_logprobs) != len(source_ids):
         raise ValueError(f"{len(source_logprobs)} log-prob rows for {len(source_ids)} id rows")
-    if source_advantages is not None:
-        if len(source_advantages) != len(source_ids) or any(len(a) != len(i) for a, i in zip(source_advantages,
-                source_ids)):
-            raise ValueError("source_advantages must have one value per source id, row by row")
-        # advantages need the groups themselves; rare enough (token-level modes) to take the exact path
-        return [
-            convert(source_tok, target_tok, source_ids=list(i), source_logprobs=_raw_lps(source_logprobs, k),
-                    placement=placement, source_advantages=list(a))
-            for k, (i, a) in enumerate(zip(source_ids, source_advantages))
-        ]
     ids_list, lps_list = _stripped_rows(source_tok, source_ids, source_logprobs)
     n = len(ids_list)
     if source_canonical is not None and len(source_canonical) != n:

@@ -58,7 +58,6 @@ class Converted:
     target_logprobs: list[float] | None = None  # transported source log-probs per target token
     target_mask: list[int] = field(default_factory=list)  # 1 where the token is in an aligned group
     source_mean_logprob: float | None = None  # ℓ̄_source over non-EOS source tokens (for GSPO/HACPO ratios)
-    target_advantages: list[float] | None = None  # per-token advantages carried over (group means; 0 where masked)
 
 
 def _strip_eos(tok: PreTrainedTokenizerBase, ids: list[int], logprobs: list[float] | None):
@@ -104,24 +103,6 @@ def transport_logprobs(
     return out, mask
 
 
-def transport_values(groups: list[AlignmentGroup], aligned: list[bool], source_values: list[float],
-                     n_target: int) -> list[float]:
-    """Move per-token *intensities* (advantages) through alignment groups (§3.2 step 3).
-
-    Unlike log-probs, an advantage is not additive over tokens: each target token of an
-    aligned group gets the mean of the group's source values (a constant advantage stays
-    that constant). Target tokens of unaligned groups get 0 (their mask is 0).
-    """
-    out = [0.0] * n_target
-    for g, ok in zip(groups, aligned):
-        if not ok or not g.target or not g.source:
-            continue
-        mean = sum(source_values[s] for s in g.source) / len(g.source)
-        for t in g.target:
-            out[t] = mean
-    return out
-
-
 def convert(
     source_tok: PreTrainedTokenizerBase | None,
     target_tok: PreTrainedTokenizerBase,
@@ -130,7 +111,6 @@ def convert(
     text: str | None = None,
     source_logprobs: list[float] | None = None,
     placement: Literal["spread", "last"] = "spread",
-    source_advantages: list[float] | None = None,
 ) -> Converted:
     """Carry one completion from the source tokenizer to the target tokenizer.
 
@@ -146,14 +126,9 @@ def convert(
             f"source_logprobs ({len(source_logprobs)}) must match source_ids "
             f"({len(source_ids) if source_ids is not None else 'missing'})"
         )
-    if source_advantages is not None and (source_ids is None or len(source_advantages) != len(source_ids)):
-        raise ValueError(f"source_advantages ({len(source_advantages)}) must match source_ids "
-                         f"({len(source_ids) if source_ids is not None else 'missing'})")
     if source_ids is not None:
         if source_tok is None:
             raise ValueError("source_ids need the source tokenizer")
-        advs = _strip_eos(source_tok, list(source_ids),
-                          list(source_advantages))[1] if source_advantages is not None else None
         ids, lps = _strip_eos(source_tok, list(source_ids),
                               list(source_logprobs) if source_logprobs is not None else None)
         canon = canonical_text(source_tok, ids)
@@ -161,7 +136,7 @@ def convert(
             raise ValueError("text does not match the canonical decode of source_ids")
         text = canon
     else:
-        ids, lps, advs = None, None, None
+        ids, lps = None, None
     assert text is not None
 
     target_ids = target_tok(text, add_special_tokens=False)["input_ids"]
@@ -207,5 +182,4 @@ def convert(
         target_logprobs=target_lps,
         target_mask=target_mask if target_mask is not None else [1] * len(target_ids),
         source_mean_logprob=mean_lp,
-        target_advantages=transport_values(groups, aligned, advs, len(target_ids)) if advs is not None else None,
     )

@@ -21,16 +21,12 @@ from safetensors.torch import load_file, save_file
 from mutualrl.weights.transport import Announce, TensorManifest, checksum_of_stream, tensor_checksum, untied
 
 
-def _checksum(state: dict[str, torch.Tensor]) -> str:
-    return tensor_checksum(state)
-
-
 def verify_checksum(uri: str, checksum: str) -> None:
     """Raise ValueError unless the checkpoint directory at ``uri`` has this checksum."""
     path = Path(uri) / "model.safetensors"
     if not path.is_file():
         raise FileNotFoundError(f"no weights at {uri}")
-    if _checksum(load_file(str(path))) != checksum:
+    if tensor_checksum(load_file(str(path))) != checksum:
         raise ValueError(f"checksum mismatch for {uri}")
 
 
@@ -52,7 +48,7 @@ class WeightStore:
         ``reload_weights`` and SGLang's ``update_weights_from_disk`` read."""
         if self.root is None:  # kept in memory: a copy, or the learner's next update would change it
             cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-            checksum = _checksum(cpu)
+            checksum = tensor_checksum(cpu)
             with self._lock:
                 self._mem[(policy, version)] = cpu
             return f"inproc://{policy}/{version}", checksum
@@ -60,7 +56,7 @@ class WeightStore:
         # not copied first (a 0.5B model's fp32 weights are 2.5 GB more at the learner's peak); a tied tensor's
         # second name is dropped, as safetensors refuses shared storage and the engine's module ties it again
         cpu = {k: v.detach().to("cpu").contiguous() for k, v in untied(state).items()}
-        checksum = _checksum(cpu)
+        checksum = tensor_checksum(cpu)
         final = self.root / policy / f"v{version}"
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -98,7 +94,7 @@ class WeightStore:
         if checksum:
             ident = self._identity(uri, state)
             if self._verified.get(uri) != (checksum, ident):
-                if _checksum(state) != checksum:
+                if tensor_checksum(state) != checksum:
                     raise ValueError(f"checksum mismatch for {uri}")
                 self._verified[uri] = (checksum, ident)
         return state

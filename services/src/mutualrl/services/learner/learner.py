@@ -14,6 +14,7 @@ from collections import Counter
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mutualrl.models.policy import context_limit
 from mutualrl.models.sharding import full_state_dict
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.runtime.pacing import pace
@@ -67,7 +68,7 @@ class Learner:
         # deltas says what its last version took: ``last_bytes``)
         self.weights_bytes = int(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
         self.own = exchange.subscribe(policy, ["rollout"], [policy], consumer=f"{policy}-learner")
-        self.context_limit = _context_limit(self.model.config)  # positions the model has (prompt and completion)
+        self.context_limit = context_limit(self.model.config) or 1 << 30  # positions (prompt and completion)
         self.own_intake = OwnIntake(policy, self.own, tokenizer, self.context_limit,
                                     self.model.get_input_embeddings().num_embeddings,
                                     max_lag=settings.staleness.max_staleness if settings.staleness.pipelined else None,
@@ -352,7 +353,3 @@ def _signal_groups(rows: Rows) -> int:
             by_prompt.setdefault(pid, set()).add(r)
     return sum(1 for rewards in by_prompt.values() if len(rewards) > 1)
 
-
-def _context_limit(config) -> int:
-    """The longest prompt + completion the model takes (its position embeddings)."""
-    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1 << 30)

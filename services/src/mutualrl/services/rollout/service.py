@@ -18,6 +18,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from mutualrl.models.policy import context_limit
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
@@ -96,8 +97,7 @@ def run_rollout_service(args: ServiceArgs) -> int:
     registry = CollectorRegistry()
     keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
     key = keyring.key(f"{p.name}.learner") if keyring is not None else None
-    c = pp.arts.model.config
-    context = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
+    context = context_limit(pp.arts.model.config)
     servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, prompt_style(cfg, p),
                                max_context=context, announced=partial(_announced, ctx.exchange, p.name),
                                update_token=update_weights_token(key, p.name) if key else None)

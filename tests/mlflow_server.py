@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mutualrl.see.server import free_port
 
-DEFAULT_BINARY = Path(__file__).resolve().parents[5] / ".venv-mlflow" / "bin" / "mlflow"
+DEFAULT_BINARY = Path(__file__).resolve().parents[1] / ".venv-mlflow" / "bin" / "mlflow"
 
 
 def mlflow_binary() -> Path:
