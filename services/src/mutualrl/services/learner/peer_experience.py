@@ -27,9 +27,10 @@ from mutualrl.thl import Converted, ThlBudget, convert, convert_batch
 
 log = logging.getLogger("mutualrl.learner.peer")
 
-ROUTINE_REFUSALS = frozenset({"stale", "late"})
-"""Refusals that a healthy run makes every step — a peer's message from outside the staleness window, or about an
-earlier step's prompts — are counted per edge and by reason (records, Prometheus) and summed in one log line per
+ROUTINE_REFUSALS = frozenset({"stale", "late", "quarantined"})
+"""Refusals that a healthy run makes every step — a peer's message from outside the staleness window, about an
+earlier step's prompts, or rows of a quarantined peer (whose reputation events are logged on their own) — are
+counted per edge and by reason (records, Prometheus) and summed in one log line per
 step. Dead-lettered one by one they would flood the dead-letter stream and bury what it is for: refusals that say
 something is wrong."""
 
@@ -112,9 +113,9 @@ def dead_letter(sub, refusal: PeerRefusal, policy: str) -> None:
 
 
 def log_routine_refusals(policy: str, step: int, rejected: Counter) -> None:
-    """One line a step for the peer messages a healthy run leaves unused (``ROUTINE_REFUSALS``, and rows of a
-    quarantined peer, whose reputation events are logged on their own): counted, not dead-lettered."""
-    routine = {k: v for k, v in rejected.items() if k in ROUTINE_REFUSALS or k == "quarantined"}
+    """One line a step for the peer messages a healthy run leaves unused (``ROUTINE_REFUSALS``): counted, not
+    dead-lettered."""
+    routine = {k: v for k, v in rejected.items() if k in ROUTINE_REFUSALS}
     if routine:
         log.info("step %s: %s peer message(s) not used (%s)", step, sum(routine.values()),
                  ", ".join(f"{k} {v}" for k, v in sorted(routine.items())),
