@@ -60,7 +60,8 @@ def main() -> None:
         if b.device == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        print(f"### {name}: {wall:.3f} s, {1e3 * wall / args.new:.2f} ms/token, {args.rows * args.new / wall:.0f} tok/s")
+        per_token_ms, tok_s = 1e3 * wall / args.new, args.rows * args.new / wall
+        print(f"### {name}: {wall:.3f} s, {per_token_ms:.2f} ms/token, {tok_s:.0f} tok/s")
         with profile(activities=acts) as prof:
             fn()
             if b.device == "cuda":
