@@ -17,6 +17,14 @@ from typing import Iterator
 
 import torch
 
+from mutualrl.app.resume_point import (
+    PolicyResume,
+    ResumePoint,
+    discard_resume_point,
+    keep_lines_until,
+    load_resume_point,
+    save_resume_point,
+)
 from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.cache import default_cache_dir
 from mutualrl.models.policy import PolicyArtifacts
@@ -102,9 +110,10 @@ class Reporter:
 
 
 def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange, store: WeightStore,
-                    rep: Reporter, out_dir: Path) -> list[PolicyRuntime]:
+                    rep: Reporter, out_dir: Path, resumed: ResumePoint | None = None) -> list[PolicyRuntime]:
     """Every policy prepared (loaded, warm-started), evaluated at its starting point and given its
-    engine, rollout worker, learner and learner loop."""
+    engine, rollout worker, learner and learner loop. Resumed, the starting point's numbers come from
+    the resume point instead of being measured again."""
     registry = TokenizerRegistry()
     runtimes: list[PolicyRuntime] = []
     prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase) for i in range(len(cfg.policies))]
@@ -112,11 +121,14 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
         registry.register(pp.arts.fingerprint, pp.arts.tokenizer)
     for pp in prepared:
         p, arts = pp.config, pp.arts
-        rep.phase(f"[{p.name}] evaluating the starting point")
-        ws_acc = evaluate(pp, arts.model, task, verifier, cfg, eval_log(out_dir, p.name), 0)
-        if cfg.eval.pass_rate_check and p.model.path:
-            rep.phase(f"[{p.name}] sampling its pass rate before RL")
-        pass_rate = pass_rate_before_rl(pp, task, verifier, cfg, rep.warn)
+        if resumed is not None:
+            ws_acc, pass_rate = resumed.policies[p.name].warm_accuracy, resumed.policies[p.name].pass_rate
+        else:
+            rep.phase(f"[{p.name}] evaluating the starting point")
+            ws_acc = evaluate(pp, arts.model, task, verifier, cfg, eval_log(out_dir, p.name), 0)
+            if cfg.eval.pass_rate_check and p.model.path:
+                rep.phase(f"[{p.name}] sampling its pass rate before RL")
+            pass_rate = pass_rate_before_rl(pp, task, verifier, cfg, rep.warn)
         # synchronous and in-process: the engine samples the learner's own module (mutualrl.weights.shared)
         share = p.engine.backend == "hf" and cfg.async_.max_staleness == 0 and cfg.weights.share_in_process
         with _engine_errors(p.name):
@@ -134,12 +146,12 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
 
 
 def _sample_ahead(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor, step: int,
-                  sampled: dict[int, dict[str, dict]]) -> None:
+                  sampled: dict[int, dict[str, dict]], first: int = 1) -> None:
     """Sample every step up to ``step + async.max_staleness`` not sampled yet (docs/algorithms.md §6): with k = 0
     only ``step``, with the previous step's weights; with k > 0 the rollouts of step s are sampled with the
     weights of step s−1−k — the lag a pipelined service reaches once generation and training overlap."""
     last = min(step + cfg.async_.max_staleness, cfg.budget.steps)
-    for s in range(max(sampled, default=0) + 1, last + 1):
+    for s in range(max(sampled, default=first - 1) + 1, last + 1):
         problems = distributor.batch(s)
         sampled[s] = {}
         for rt in runtimes:
@@ -150,17 +162,17 @@ def _sample_ahead(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distribu
 
 
 def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor,
-           followers: dict[str, WeightsFollower],
-           writer: RecordSink, rep: Reporter) -> dict[str, float]:
-    """The RL steps: every policy samples the step's prompts (and, pipelined, the next k steps'), then each
-    learner's loop trains on them and the rollout side loads the new weights. Returns each policy's last
-    held-out accuracy."""
-    rep.phase("training")
+           followers: dict[str, WeightsFollower], writer: RecordSink, rep: Reporter, last_eval: dict[str, float],
+           first: int = 1, after_step=lambda step, last_eval: None) -> dict[str, float]:
+    """The RL steps from ``first``: every policy samples the step's prompts (and, pipelined, the next k
+    steps'), then each learner's loop trains on them and the rollout side loads the new weights;
+    ``after_step(step, last_eval)`` once every policy trained the step (a resume point). Returns each
+    policy's last held-out accuracy."""
+    rep.phase("training" if first == 1 else f"training from step {first}")
     recent: list[dict] = []
-    last_eval: dict[str, float] = {rt.name: rt.warm_accuracy for rt in runtimes}
     sampled: dict[int, dict[str, dict]] = {}  # step -> policy -> what its rollout side measured
-    for step in range(1, cfg.budget.steps + 1):
-        _sample_ahead(cfg, runtimes, distributor, step, sampled)
+    for step in range(first, cfg.budget.steps + 1):
+        _sample_ahead(cfg, runtimes, distributor, step, sampled, first)
         problems = distributor.batch(step)
         recent = []
         for rt in runtimes:
@@ -171,6 +183,7 @@ def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: Pr
             writer.write(rec)
             recent.append(rec)
         rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
+        after_step(step, last_eval)
     return last_eval
 
 
@@ -191,6 +204,71 @@ def _policy_summaries(runtimes: list[PolicyRuntime], last_eval: dict[str, float]
     }
 
 
+class _Resumption:
+    """A run's resume points (mutualrl.app.resume_point): the one it starts from, if its directory holds one,
+    and the ones it writes every ``checkpoint.resume_every`` steps."""
+
+    def __init__(self, cfg: ExperimentConfig, out_dir: Path):
+        self.cfg, self.out_dir = cfg, out_dir
+        self.point = load_resume_point(out_dir, cfg)
+        self.rl_before = self.point.rl_s if self.point is not None else 0.0
+        self.rl_started = time.monotonic()
+        self.runtimes: list[PolicyRuntime] = []
+
+    @property
+    def first_step(self) -> int:
+        return self.point.step + 1 if self.point is not None else 1
+
+    def records_so_far(self) -> list[dict]:
+        """Resumed: the metrics records up to the resume point (to be written again), each policy's
+        evaluation log cut there; a fresh run starts both empty."""
+        if self.point is None:
+            for p in self.cfg.policies:
+                eval_log(self.out_dir, p.name).unlink(missing_ok=True)
+            return []
+        for p in self.cfg.policies:
+            keep_lines_until(eval_log(self.out_dir, p.name), self.point.step)
+        return keep_lines_until(self.out_dir / "metrics.jsonl", self.point.step)
+
+    def restore(self, runtimes: list[PolicyRuntime], followers: dict[str, WeightsFollower]) -> None:
+        """Every learner as it was after the resume point's step, and its engine serving those weights (as a
+        new version: versions never repeat)."""
+        self.runtimes = runtimes
+        if self.point is None:
+            return
+        for rt in runtimes:
+            rt.learner.load_state_dict(self.point.learners[rt.name])
+            rt.worker.total_rollouts = self.point.policies[rt.name].rollouts
+            rt.loop.publish(self.point.step)
+            followers[rt.name].load_newest()
+
+    def start(self) -> dict[str, float]:
+        """Training starts (or goes on): each policy's last held-out accuracy so far; the random state of the
+        resume point restored."""
+        self.rl_started = time.monotonic()
+        last_eval = {rt.name: rt.warm_accuracy for rt in self.runtimes}
+        if self.point is not None:
+            last_eval.update({k: v.last_eval for k, v in self.point.policies.items()})
+            self.point.restore_rng()
+        return last_eval
+
+    def rl_s(self) -> float:
+        """Seconds of RL steps so far, those before the resume point included."""
+        return self.rl_before + time.monotonic() - self.rl_started
+
+    def after_step(self, step: int, last_eval: dict[str, float]) -> None:
+        """Write a resume point when one is due (not after the last step: the final checkpoints follow)."""
+        every = self.cfg.checkpoint.resume_every
+        if every and step % every == 0 and step < self.cfg.budget.steps:
+            save_resume_point(
+                self.out_dir, self.cfg, step, {rt.name: rt.learner.state_dict() for rt in self.runtimes},
+                {rt.name: PolicyResume(rt.worker.total_rollouts, rt.warm_accuracy, rt.warm_steps, rt.pass_rate,
+                                       last_eval[rt.name]) for rt in self.runtimes}, self.rl_s())
+
+    def summary_fields(self) -> dict:
+        return {"resumed_after_step": self.point.step} if self.point is not None else {}
+
+
 def run_embedded(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None = None,
                  cache_dir: Path | None = None) -> dict:
     """Train every policy for ``budget.steps`` and write the run's outputs; the SEE broker
@@ -206,7 +284,9 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
     out_dir.mkdir(parents=True, exist_ok=True)
+    resumption = _Resumption(cfg, out_dir)
     metrics_path = out_dir / "metrics.jsonl"
+    kept = resumption.records_so_far()
     metrics_path.write_text("")
     writer = MetricsWriter(metrics_path)
     cache = cache_dir or default_cache_dir()
@@ -223,7 +303,9 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     exchange = stack.enter_context(open_exchange(cfg))
     # external engines (vllm, sglang) read weights from disk; in-process ones share memory
     store = WeightStore(out_dir / "weights") if any(p.engine.backend != "hf" for p in cfg.policies) else WeightStore()
-    runtimes = _build_runtimes(cfg, task, verifier, cache, exchange, store, rep, out_dir)
+    if resumption.point is not None:
+        rep.phase(f"resuming after step {resumption.point.step} (its resume point in {out_dir})")
+    runtimes = _build_runtimes(cfg, task, verifier, cache, exchange, store, rep, out_dir, resumption.point)
     dump_config(cfg, out_dir / "config.yaml")  # again: loading the models settled what their size decides (optim.lr)
 
     # the rollout side loads each version the learner announces (write, then announce, then load)
@@ -232,20 +314,24 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
                                           on_refused=_refused(rt.name)) for rt in runtimes}
     for rt in runtimes:
         rt.worker.weights_step = followers[rt.name].served_step
+    resumption.restore(runtimes, followers)
     distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
     group, once = new_group(), WarnOnce(rep.warn)
     sink = RecordSink(writer, {rt.name: open_tracker(cfg.tracking, run_info(cfg, rt.name, group, out_dir), once)
                                for rt in runtimes})
     if "tensorboard" in cfg.tracking.backends:
         rep.note(f"watch it: mutualrl watch {out_dir}  (TensorBoard on http://127.0.0.1:6006)")
-    for rt in runtimes:
-        sink.write({"step": 0, "policy": rt.name, "rollouts": 0, "eval_accuracy": rt.warm_accuracy,
-                      "phase": "warm_start"})
+    for rec in kept:  # a resumed run's records so far, to the file again and to this invocation's trackers
+        sink.write(rec)
+    if not kept:
+        for rt in runtimes:
+            sink.write({"step": 0, "policy": rt.name, "rollouts": 0, "eval_accuracy": rt.warm_accuracy,
+                        "phase": "warm_start"})
 
-    rl_started = time.monotonic()
-    last_eval = _train(cfg, runtimes, distributor, followers, sink, rep)
+    last_eval = _train(cfg, runtimes, distributor, followers, sink, rep, resumption.start(),
+                       first=resumption.first_step, after_step=resumption.after_step)
     writer.close()
-    finished_rl = time.monotonic()
+    rl_s = resumption.rl_s()
 
     rep.phase("writing checkpoints and summary")
     for rt in runtimes:
@@ -262,10 +348,12 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     plot_curves(records, out_dir / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.describe()}")
     policies = _policy_summaries(runtimes, last_eval)
     tracking = sink.finish(policies)  # after the checkpoints: a slow tracker delays nothing users need
-    return write_summary(
+    summary = write_summary(
         out_dir, cfg.name, cfg.sharing.describe(), cfg.budget.steps, policies,
         # wall seconds of the whole run and of its RL steps (evaluations included, warm starts,
         # model loading and the final checkpoints not): what a compare's budget is made of
-        elapsed_s=round(time.monotonic() - started, 1), rl_s=round(finished_rl - rl_started, 1),
-        threads=torch.get_num_threads(), tracking=tracking,
+        elapsed_s=round(time.monotonic() - started, 1), rl_s=round(rl_s, 1),
+        threads=torch.get_num_threads(), tracking=tracking, **resumption.summary_fields(),
     )
+    discard_resume_point(out_dir)  # the final checkpoints and the summary are written: it has served
+    return summary

@@ -1,0 +1,87 @@
+"""`mutualrl run` with resume points: a run stopped after step 3 of 4 (its newest resume point: step 2) goes on
+from step 3 when started again, and ends with the numbers of the same run left uninterrupted."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import mutualrl.app.embedded as embedded
+from mutualrl.app.resume_point import RESUME_FILE, save_resume_point
+from mutualrl.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SETS = ["budget.steps=4", "budget.prompts_per_step=8", "eval.every=2", "eval.size=16", "sharing.mode=sgt",
+        "checkpoint.resume_every=2"]
+
+
+class _Stop(Exception):
+    """Stands for the process ending (a session's end, a spot instance taken back) after a step."""
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _trained(out: Path) -> dict[tuple[str, int], dict]:
+    recs = [r for r in _records(out) if r.get("phase") != "warm_start"]
+    keys = [(r["policy"], r["step"]) for r in recs]
+    assert len(keys) == len(set(keys)), f"a step written twice: {keys}"
+    return {(r["policy"], r["step"]): r for r in recs}
+
+
+def test_a_stopped_run_resumes_from_its_resume_point_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    cfg = lambda: load_config(ROOT / "examples" / "demo.yaml", SETS)  # noqa: E731 — the run mutates its config
+    whole = embedded.run_embedded(cfg(), tmp_path / "whole")
+    assert not (tmp_path / "whole" / RESUME_FILE).exists()  # removed once the run finished
+    assert "resumed_after_step" not in whole
+
+    out = tmp_path / "stopped"
+    after_step = embedded._Resumption.after_step
+
+    def stop_after_3(self, step, last_eval):
+        after_step(self, step, last_eval)
+        if step == 3:
+            raise _Stop
+
+    monkeypatch.setattr(embedded._Resumption, "after_step", stop_after_3)
+    with pytest.raises(_Stop):
+        embedded.run_embedded(cfg(), out)
+    assert (out / RESUME_FILE).is_file() and not (out / "summary.json").exists()
+    assert {s for _, s in _trained(out)} == {1, 2, 3}  # step 3 was written, and is past the resume point
+    monkeypatch.setattr(embedded._Resumption, "after_step", after_step)
+
+    resumed = embedded.run_embedded(cfg(), out)
+    assert resumed["resumed_after_step"] == 2
+    assert not (out / RESUME_FILE).exists()
+    a, b = _trained(tmp_path / "whole"), _trained(out)
+    assert a.keys() == b.keys() == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1, 5)}
+    for key in a:  # the same prompts, samples and updates: the same numbers, to float rounding
+        for field in ("reward_mean", "loss", "rollouts", "rescue_count"):
+            x, y = a[key][field], b[key][field]
+            assert math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6), (key, field, x, y)
+        if "eval_accuracy" in a[key]:
+            assert a[key]["eval_accuracy"] == b[key]["eval_accuracy"], key
+    for name, pol in whole["policies"].items():
+        got = resumed["policies"][name]
+        assert got["final_accuracy"] == pol["final_accuracy"] and got["rollouts"] == pol["rollouts"]
+        assert got["warm_start_accuracy"] == pol["warm_start_accuracy"]
+    for name in ("llama-char", "qwen-bpe"):  # each evaluation logged once: steps 0, 2 and 4
+        evals = [json.loads(line)["step"] for line in (out / "evals" / f"{name}.jsonl").read_text().splitlines()]
+        assert evals == [0, 2, 4], (name, evals)
+
+
+def test_a_resume_point_of_another_config_or_damaged_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    save_resume_point(out, load_config(ROOT / "examples" / "demo.yaml", SETS), 2, {}, {}, 0.0)
+    with pytest.raises(ConfigError, match="resume point of another config"):
+        embedded.run_embedded(load_config(ROOT / "examples" / "demo.yaml", [*SETS, "algorithm.epsilon=1e-5"]), out)
+    # how it is checkpointed or tracked is not part of what it trains
+    with pytest.raises(ConfigError, match=r"holds policies \[\]"):
+        embedded.run_embedded(load_config(ROOT / "examples" / "demo.yaml", [*SETS, "checkpoint.resume_every=1"]), out)
+    (out / RESUME_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        embedded.run_embedded(load_config(ROOT / "examples" / "demo.yaml", SETS), out)
+    assert not (out / "metrics.jsonl").exists()  # refused before anything was written
