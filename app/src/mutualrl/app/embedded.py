@@ -130,7 +130,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
                 rep.phase(f"[{p.name}] sampling its pass rate before RL")
             pass_rate = pass_rate_before_rl(pp, task, verifier, cfg, rep.warn)
         # synchronous and in-process: the engine samples the learner's own module (mutualrl.weights.shared)
-        share = p.engine.backend == "hf" and cfg.async_.max_staleness == 0 and cfg.weights.share_in_process
+        share = p.engine.facts.in_process and cfg.async_.max_staleness == 0 and cfg.weights.share_in_process
         with _engine_errors(p.name):
             engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source,
                                   share=share, precision=pp.precision)
@@ -296,13 +296,14 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     dump_config(cfg, out_dir / "config.yaml")  # resolved: building the task settles task.answer_format
 
     for p in cfg.policies:  # pre-flight: an absent engine server fails before any model work
-        if p.engine.backend != "hf":
+        if not p.engine.facts.in_process:
             with _engine_errors(p.name):
                 probe_engine(p.engine)
     rep.phase(f"opening the experience exchange ({cfg.broker.backend})")
     exchange = stack.enter_context(open_exchange(cfg))
-    # external engines (vllm, sglang) read weights from disk; in-process ones share memory
-    store = WeightStore(out_dir / "weights") if any(p.engine.backend != "hf" for p in cfg.policies) else WeightStore()
+    # server engines (vllm, sglang) read weights from disk; in-process ones share memory
+    servers = any(not p.engine.facts.in_process for p in cfg.policies)
+    store = WeightStore(out_dir / "weights") if servers else WeightStore()
     if resumption.point is not None:
         rep.phase(f"resuming after step {resumption.point.step} (its resume point in {out_dir})")
     runtimes = _build_runtimes(cfg, task, verifier, cache, exchange, store, rep, out_dir, resumption.point)
@@ -333,6 +334,14 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     writer.close()
     rl_s = resumption.rl_s()
 
+    return _finish(cfg, out_dir, runtimes, sink, last_eval, resumption, rl_s, started, rep)
+
+
+def _finish(cfg: ExperimentConfig, out_dir: Path, runtimes: list[PolicyRuntime], sink: RecordSink,
+            last_eval: dict[str, float], resumption: _Resumption, rl_s: float, started: float, rep: Reporter) -> dict:
+    """The budget is done: each policy's final checkpoint, the curves, the trackers' last numbers and
+    ``summary.json``; then the resume point has served."""
+    metrics_path = out_dir / "metrics.jsonl"
     rep.phase("writing checkpoints and summary")
     for rt in runtimes:
         model, opt = rt.loop.finish()

@@ -109,7 +109,7 @@ class Supervisor:
         except PlanningError as e:
             raise ConfigError(f"mwra: {e}") from e
         if self.local_plan.shared and self.cfg.weights.transport == "collective":
-            same_gpu = [p.name for p in self.cfg.policies if p.engine.backend == "hf" and resolve_backend(
+            same_gpu = [p.name for p in self.cfg.policies if p.engine.facts.in_process and resolve_backend(
                 self.cfg.weights.backend, p.engine.backend, p.engine.device) == "nccl"]
             if same_gpu:
                 raise ConfigError(f"weights.transport collective over NCCL cannot join a learner and an hf engine on "
@@ -371,7 +371,7 @@ def _weights_transport(cfg: ExperimentConfig, params: dict[str, int], echo: Call
                               f"of every policy need {need / 2**20:.0f} MiB: enlarge it or use "
                               "weights.transport=filesystem")
         return cfg
-    if any(p.engine.backend != "hf" for p in cfg.policies):
+    if any(not p.engine.facts.in_process for p in cfg.policies):
         return cfg
     available = _mem_available()
     if free < need or need > SHM_MEMORY_SHARE * available:

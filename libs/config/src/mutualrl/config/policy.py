@@ -6,6 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
+from mutualrl.config.engines import EngineFacts, engine_facts, server_engines
 from mutualrl.config.kubernetes import PodConfig
 from mutualrl.config.strict import Strict as _Strict
 
@@ -109,12 +110,19 @@ class EngineConfig(_Strict):
     top_k: int = Field(0, ge=0, description="0 disables top-k.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="1.0 disables nucleus filtering.")
 
+    @property
+    def facts(self) -> EngineFacts:
+        """What this engine is (mutualrl.config.engines): in-process or a server, how it takes weights."""
+        return engine_facts(self.backend)
+
     @model_validator(mode="after")
     def _url(self) -> "EngineConfig":
-        if self.backend != "hf" and not self.url:
+        in_process = engine_facts(self.backend).in_process
+        if not in_process and not self.url:
             raise ValueError(f"engine.backend {self.backend} needs engine.url (the {self.backend} server)")
-        if self.backend == "hf" and self.url:
-            raise ValueError("engine.url is only used with the vllm and sglang backends")
+        if in_process and self.url:
+            raise ValueError(f"engine.url is only used with the server engines ({', '.join(server_engines())}), "
+                             f"not {self.backend}")
         return self
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from mutualrl.config.engines import engine_facts
 from mutualrl.config.kubernetes import KubernetesConfig, PodConfig
 from mutualrl.config.policy import (
     BUILT_LR,
@@ -226,9 +227,9 @@ class ExperimentConfig(_Strict):
             if self.weights.transport == "collective":
                 raise ValueError("weights.deltas on: deltas travel through the filesystem or shm transport, not "
                                  "collective (a broadcast sends every tensor whole)")
-            if not any(p.engine.backend == "hf" for p in self.policies):
-                raise ValueError("weights.deltas on: no policy has an hf engine (a vLLM or SGLang server reloads "
-                                 "whole checkpoints)")
+            if not any(engine_facts(p.engine.backend).weight_deltas for p in self.policies):
+                raise ValueError("weights.deltas on: no policy has an hf engine or another that takes deltas (a vLLM "
+                                 "or SGLang server reloads whole checkpoints)")
         if self.weights.transport != "collective":
             return self
         for p in self.policies:
@@ -236,8 +237,11 @@ class ExperimentConfig(_Strict):
                 raise ValueError(f"policy {p.name}: weights.transport collective serves one rollout engine per policy "
                                  f"(resources.rollout_replicas is {p.resources.rollout_replicas}); use the filesystem "
                                  "transport for replicas")
-            if p.engine.backend == "vllm" and self.weights.backend == "gloo":
-                raise ValueError(f"policy {p.name}: a vLLM server takes weights over NCCL only (weights.backend gloo)")
+            takes = engine_facts(p.engine.backend).collective_backends
+            if self.weights.backend != "auto" and self.weights.backend not in takes:
+                over = " or ".join(b.upper() for b in takes)
+                raise ValueError(f"policy {p.name}: a {p.engine.backend} engine takes weights over {over} only "
+                                 f"(weights.backend {self.weights.backend})")
         return self
 
     @model_validator(mode="after")

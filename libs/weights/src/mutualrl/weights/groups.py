@@ -21,6 +21,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from mutualrl.config.engines import engine_facts
 from mutualrl.weights.transport import BroadcastChannel, CollectiveSender, GroupChannel, hf_sender
 
 SGLANG_GROUP = "weight_update_group"
@@ -31,7 +32,7 @@ def resolve_backend(backend: str, engine: str, device: str) -> str:
     engine on cuda), gloo otherwise."""
     if backend != "auto":
         return backend
-    return "nccl" if engine in ("vllm", "sglang") or device.startswith("cuda") else "gloo"
+    return "nccl" if engine_facts(engine).gpu or device.startswith("cuda") else "gloo"
 
 
 def named_torch_group(host: str, port: int, rank: int, world: int, backend: str, group_name: str,
@@ -78,15 +79,14 @@ def learner_sender(engine: str, host: str, port: int, receivers: int, backend: s
     route, so its group is built here (blocking until they joined); the HF engine meets the
     learner in a fresh group per version (:func:`~mutualrl.weights.transport.hf_sender`)."""
     world = 1 + receivers
-    if engine == "hf":
+    group = engine_facts(engine).weight_group
+    if group == "per_version":
         return hf_sender(host, port, receivers, backend, timeout_s, device)
-    if engine == "sglang":
+    if group == "torch_group":
         channel: BroadcastChannel = GroupChannel(named_torch_group(host, port, 0, world, backend, SGLANG_GROUP,
             timeout_s))
-    elif engine == "vllm":
+    else:  # vllm_nccl
         channel = VLLMNcclChannel(host, port, world, device)
-    else:
-        raise ValueError(f"no weight group for engine {engine!r}")
     return CollectiveSender(lambda version: channel, device)
 
 

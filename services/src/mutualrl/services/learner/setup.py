@@ -7,6 +7,7 @@ import copy
 import torch
 
 from mutualrl.config import ExperimentConfig
+from mutualrl.config.engines import engine_facts
 from mutualrl.config.schema import OptimConfig, SharingConfig
 from mutualrl.models.policy import tokenizer_fingerprint
 from mutualrl.models.precision import Precision
@@ -51,7 +52,7 @@ def behaviour_correction(cfg: ExperimentConfig, backend: str, precision: Precisi
     setting = cfg.algorithm.behaviour_correction
     if setting != "auto":
         return setting == "on"
-    return not precision.exact or backend != "hf"
+    return not precision.exact or not engine_facts(backend).learner_numbers
 
 
 def make_learner(
@@ -99,7 +100,7 @@ def make_learner(
 def delta_dtype(cfg: ExperimentConfig, backend: str, precision: Precision) -> torch.dtype | None:
     """The dtype a learner sends its versions as deltas in (``weights.deltas``), or None for whole versions: the
     dtype its engine samples in; auto only when that is 16-bit (docs/algorithms.md §7.3)."""
-    if cfg.weights.deltas == "off" or cfg.weights.transport == "collective" or backend != "hf":
+    if cfg.weights.deltas == "off" or cfg.weights.transport == "collective" or not engine_facts(backend).weight_deltas:
         return None
     dtype = precision.autocast or precision.weights
     if cfg.weights.deltas == "auto" and dtype.itemsize > 2:
@@ -151,6 +152,6 @@ def learner_transport(cfg: ExperimentConfig, index: int, weights_dir, weights_gr
     host, port = parse_address(weights_group, p.name)
     backend = resolve_backend(cfg.weights.backend, p.engine.backend, p.engine.device)
     # one engine: its TP workers (docs/engines.md §4)
-    receivers = 1 if p.engine.backend == "hf" else p.resources.rollout_tp
+    receivers = 1 if p.engine.facts.in_process else p.resources.rollout_tp
     device = p.engine.device if p.engine.device.startswith("cuda") else ("cuda" if backend == "nccl" else "cpu")
     return learner_sender(p.engine.backend, host, port, receivers, backend, cfg.weights.timeout_s, device)

@@ -5,10 +5,18 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
+from mutualrl.config.engines import EngineFacts
 from mutualrl.models.generation import Sample
 from mutualrl.weights import TensorManifest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from mutualrl.config.schema import EngineConfig
+    from mutualrl.models.precision import Precision
+    from mutualrl.weights import WeightReceiver
 
 
 @dataclass(frozen=True)
@@ -33,12 +41,48 @@ class EngineInfo:
     capabilities: dict[str, bool] = field(default_factory=dict)
 
 
+@dataclass
+class EngineSetup:
+    """What building a policy's engine starts from: its model and tokenizer (an hf engine samples a copy, a
+    server only needs the tokenizer's EOS id), the weight receiver, the served name, and how it is used:
+    ``collective`` (a server takes weights from the learner's broadcast, not a directory), ``share`` (hf, in
+    the learner's process: sample the learner's module itself), ``precision`` (the policy's), ``adopt`` (hf
+    takes ``model`` as its own instead of copying it)."""
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    store: WeightReceiver
+    name: str
+    collective: bool = False
+    share: bool = False
+    precision: Precision | None = None
+    adopt: bool = False
+
+
 class RolloutEngine(ABC):
     """Generates groups with behaviour log-probs and swaps weights atomically.
 
     ``generate`` never runs against a weights version that has not finished
     loading: ``update_weights`` returns only once the new version is served.
+
+    Each engine class declares its :class:`~mutualrl.config.engines.EngineFacts` (``facts``), builds itself
+    from a policy's engine config (``from_config``) and, when it is a server, probes one (``probe_config``);
+    ``mutualrl.services.rollout.registry`` lists the classes, and ``tests/integration/test_engine_contract.py``
+    holds each to this interface.
     """
+
+    facts: ClassVar[EngineFacts]
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: EngineConfig, setup: EngineSetup) -> RolloutEngine:
+        """The engine a policy's ``engine`` config names, ready to generate (a server probed: raises
+        ``EngineUnavailable`` naming what is missing)."""
+
+    @classmethod
+    def probe_config(cls, cfg: EngineConfig) -> dict:
+        """Reach the engine a config names before any model work and read its version and capabilities
+        (an in-process engine has nothing to reach)."""
+        return {"engine": cls.facts.name}
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], spec: SamplingSpec,

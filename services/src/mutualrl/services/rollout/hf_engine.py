@@ -12,9 +12,10 @@ import transformers
 from transformers import PreTrainedModel
 from typing_extensions import override
 
+from mutualrl.config.engines import ENGINES
 from mutualrl.models.generation import Sample, sample
 from mutualrl.models.precision import Precision, resolve_precision
-from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
+from mutualrl.services.rollout.engine import EngineInfo, EngineSetup, RolloutEngine, SamplingSpec
 from mutualrl.weights import TensorManifest, WeightReceiver
 from mutualrl.weights.shared import SHARED_SCHEME
 
@@ -25,6 +26,16 @@ class HFEngine(RolloutEngine):
     Log-probs are ``log_softmax`` after temperature and top-k/p ("processed",
     docs/engines.md §1), which equals the raw policy at T=1 without filters.
     """
+
+    facts = ENGINES["hf"]
+
+    @classmethod
+    @override
+    def from_config(cls, cfg, setup: EngineSetup) -> HFEngine:
+        tok = setup.tokenizer
+        return cls(setup.model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, store=setup.store,
+                   device=cfg.device, name=setup.name, share=setup.share, precision=setup.precision,
+                   adopt=setup.adopt)
 
     def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightReceiver, device: str = "cpu",
                  name: str = "", share: bool = False, precision: Precision | None = None, adopt: bool = False):
@@ -102,7 +113,7 @@ class HFEngine(RolloutEngine):
     @override
     def info(self) -> EngineInfo:
         return EngineInfo(
-            engine="hf",
+            engine=self.facts.name,
             engine_version=transformers.__version__,
             model=self.name,
             weights_version=self.version,

@@ -17,13 +17,15 @@ own distributed update route while the learner broadcasts the announced tensors 
 from __future__ import annotations
 
 import threading
+from abc import abstractmethod
 from typing import Literal
 
 import requests
 from typing_extensions import override
 
+from mutualrl.config.engines import ENGINES
 from mutualrl.models.generation import GenerationCancelled, Sample
-from mutualrl.services.rollout.engine import EngineInfo, RolloutEngine, SamplingSpec
+from mutualrl.services.rollout.engine import EngineInfo, EngineSetup, RolloutEngine, SamplingSpec
 from mutualrl.weights import COLLECTIVE_SCHEME, TensorManifest, verify_checksum
 
 
@@ -37,7 +39,31 @@ class EngineUnavailable(RuntimeError):
 
 
 class _HttpEngine(RolloutEngine):
-    kind = "?"
+    """A server engine reached over HTTP at ``engine.url``."""
+
+    @property
+    def kind(self) -> str:
+        return self.facts.name
+
+    @classmethod
+    @override
+    def from_config(cls, cfg, setup: EngineSetup) -> _HttpEngine:
+        assert cfg.url is not None
+        if setup.store.root is None and not setup.collective:
+            raise ValueError(f"the {cls.facts.name} engine loads weights from a directory; the run needs a directory "
+                             "weight store")
+        return cls(cfg.url, cfg.served_model or setup.name, eos_id=setup.tokenizer.eos_token_id).probe()
+
+    @classmethod
+    @override
+    def probe_config(cls, cfg) -> dict:
+        assert cfg.url is not None
+        eng = cls(cfg.url, cfg.served_model or "", eos_id=0).probe()
+        return {"engine": eng.kind, "version": eng.engine_version, **eng.capabilities}
+
+    @abstractmethod
+    def probe(self) -> _HttpEngine:
+        """Read the server's version and routes; raise EngineUnavailable naming what is missing."""
 
     def __init__(self, base_url: str, model: str, *, eos_id: int, timeout_s: float = 600.0,
                  session: requests.Session | None = None):
@@ -111,7 +137,7 @@ class VLLMServerEngine(_HttpEngine):
     """``vllm serve MODEL --logprobs-mode processed_logprobs --max-logprobs -1`` with
     ``VLLM_SERVER_DEV_MODE=1`` (for pause/resume and ``collective_rpc``)."""
 
-    kind = "vllm"
+    facts = ENGINES["vllm"]
 
     def probe(self) -> "VLLMServerEngine":
         """Check that a vLLM server answers and offers the routes weight reloads need."""
@@ -181,10 +207,12 @@ class VLLMServerEngine(_HttpEngine):
     def _packed_in_init(self) -> bool:
         return self._version_tuple() >= (0, 28)  # vLLM 0.28 moved `packed` from update_info to init_info (§5)
 
-    def join_weight_group(self, master_address: str, master_port: int, world_size: int,
+    def join_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str = "nccl",
                           timeout_s: float | None = None) -> None:
         """``POST /init_weight_transfer_engine``: every worker joins the learner's NCCL group at
-        ranks 1.. (blocks until the learner, rank 0, joins too)."""
+        ranks 1.. (blocks until the learner, rank 0, joins too). vLLM's communicator is NCCL only."""
+        if backend not in self.facts.collective_backends:
+            raise EngineUnavailable(f"vllm takes weights over NCCL only, not {backend}")
         init = {"master_address": master_address, "master_port": master_port, "rank_offset": 1,
                 "world_size": world_size}
         if self._packed_in_init():
@@ -244,7 +272,7 @@ class SGLangServerEngine(_HttpEngine):
     """``python -m sglang.launch_server --model-path M --weight-version 0`` (optionally
     ``--enable-deterministic-inference`` for per-request seeds)."""
 
-    kind = "sglang"
+    facts = ENGINES["sglang"]
 
     def probe(self) -> "SGLangServerEngine":
         """Check that an SGLang server answers and which weight-update routes it has."""

@@ -53,7 +53,7 @@ class RunSpec:
                                       for p in cfg.policies},
             engines={p.name: {"backend": p.engine.backend, "model": p.model.path or "", "tp": p.resources.rollout_tp,
                               "image": p.resources.engine_image, "args": list(p.resources.engine_args)}
-                     for p in cfg.policies if p.engine.backend != "hf"},
+                     for p in cfg.policies if not p.engine.facts.in_process},
             redis_users_secret=k.redis_users_secret, see_keys=see_keys,
             weights_port=cfg.weights.port if cfg.weights.transport == "collective" else None,
             pods={p.name: p.kubernetes for p in cfg.policies}, models=k.models, state_claims=dict(k.state_claims),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from mutualrl.config.engines import ServerFacts, engine_facts
 from mutualrl.config.kubernetes import PodConfig
 from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.runtime.shard import REPLICA_ENV, REPLICAS_ENV
@@ -286,7 +287,7 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
     meta_labels = labels(spec, alloc.policy, role, generation)
     annotations: dict[str, str] = {}
     engine = spec.engines.get(alloc.policy)
-    sidecar = role == "rollout" and bool(engine) and engine.get("backend") in ("vllm", "sglang")
+    sidecar = role == "rollout" and bool(engine) and _server(engine) is not None
     pod_spec: dict = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -329,13 +330,16 @@ def pod(spec: RunSpec, alloc: Allocation, role: str, index: int, gpus: int, gene
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
+def _server(engine: dict) -> ServerFacts | None:
+    """How the policy's engine runs as a server (None: in the rollout process)."""
+    return engine_facts(engine["backend"]).server if engine.get("backend") else None
+
+
 def engine_argv(engine: dict) -> list[str]:
     """The engine server's arguments: the model, port 8000, tensor parallelism, the weight-reload mode, metrics."""
-    model, tp, extra = engine.get("model", ""), str(engine.get("tp", 1)), list(engine.get("args", []))
-    if engine["backend"] == "vllm":  # vLLM serves /metrics by default
-        return ["--model", model, "--port", "8000", "--tensor-parallel-size", tp, "--enable-sleep-mode", *extra]
-    return ["--model-path", model, "--port", "8000", "--tp-size", tp, "--enable-memory-saver", "--enable-metrics",
-            *extra]
+    server = _server(engine)
+    assert server is not None, f"{engine['backend']} does not run as a server"
+    return server.argv(engine.get("model", ""), int(engine.get("tp", 1)), list(engine.get("args", [])))
 
 
 def engine_container(engine: dict, gpus: int, cfg: PodConfig | None = None, spec: RunSpec | None = None) -> dict:
@@ -345,12 +349,11 @@ def engine_container(engine: dict, gpus: int, cfg: PodConfig | None = None, spec
     cfg = cfg or PodConfig()
     env = [{"name": "HOME", "value": ENGINE_HOME}, {"name": "XDG_CACHE_HOME", "value": f"{ENGINE_HOME}/.cache"}]
     env += models_env(spec) if spec is not None else []
-    if engine["backend"] == "vllm":
-        c = {"name": "engine", "image": engine.get("image") or "vllm/vllm-openai:v0.10.2", "args": engine_argv(engine),
-             "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}, *env]}
-    else:
-        c = {"name": "engine", "image": engine.get("image") or "lmsysorg/sglang:v0.5.2",
-             "command": ["python3", "-m", "sglang.launch_server"], "args": engine_argv(engine), "env": env}
+    server = _server(engine)
+    assert server is not None, f"{engine['backend']} does not run as a server"
+    c = {"name": "engine", "image": engine.get("image") or server.image,
+         **({"command": list(server.command)} if server.command else {}), "args": engine_argv(engine),
+         "env": [*({"name": k, "value": v} for k, v in server.env), *env]}
     health = {"httpGet": {"path": "/health", "port": "engine"}}
     c.update({
         "ports": [{"name": "engine", "containerPort": 8000}],
@@ -370,7 +373,7 @@ def headless_service(spec: RunSpec, policy: str, role: str, generation: int, own
     """A policy role's headless Service: stable DNS names for its pods."""
     sel = {"mutualrl.io/run": spec.run, "mutualrl.io/policy": policy, "mutualrl.io/role": role}
     ports = role_ports(spec, role)
-    if role == "rollout" and spec.engines.get(policy, {}).get("backend") in ("vllm", "sglang"):
+    if role == "rollout" and _server(spec.engines.get(policy, {})) is not None:
         ports = [*ports, ("engine", 8000)]  # the sidecar's own metrics, for the ServiceMonitor
     return {
         "apiVersion": "v1", "kind": "Service",
