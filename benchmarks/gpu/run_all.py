@@ -390,12 +390,11 @@ eval: {every: 5, size: 64}
 """
 
 
-def run_5_steps(b: Bench) -> dict:
-    steps = 5 if not b.dry else 2
+def _mutualrl_run(b: Bench, config_text: str) -> tuple[float, list[dict]]:
+    """`mutualrl run` of this config in a subprocess (its own cache): the wall seconds and the step records."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "cfg.yaml"
-        text = RUN_CONFIG.replace("DEVICE", b.device).replace("STEPS", str(steps))
-        cfg.write_text(text.replace("prompts_per_step: 32", "prompts_per_step: 4") if b.dry else text)
+        cfg.write_text(config_text)
         t0 = time.time()
         proc = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "run", str(cfg), "--out", f"{tmp}/run"],
                               capture_output=True, text=True, timeout=max(30, b.left_s() - 10),
@@ -404,7 +403,13 @@ def run_5_steps(b: Bench) -> dict:
         if proc.returncode != 0:
             raise RuntimeError(f"mutualrl run exited {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}")
         recs = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines() if line]
-    trained = [r for r in recs if "step_s" in r and r.get("step", 0) >= 1]
+    return wall, [r for r in recs if "step_s" in r and r.get("step", 0) >= 1]
+
+
+def run_5_steps(b: Bench) -> dict:
+    steps = 5 if not b.dry else 2
+    text = RUN_CONFIG.replace("DEVICE", b.device).replace("STEPS", str(steps))
+    wall, trained = _mutualrl_run(b, text.replace("prompts_per_step: 32", "prompts_per_step: 4") if b.dry else text)
     if len(trained) != 2 * steps:
         raise RuntimeError(f"{len(trained)} step records of {2 * steps} expected")
     return {"steps": steps, "wall_s": wall, "step_records": len(trained),
@@ -440,27 +445,16 @@ def run_real_shapes(b: Bench) -> dict:
     qwen2 with the real 151k vocabulary), random weights, bf16-mixed on the device: what a step of the real
     pair costs there, sampling included (random weights sample no EOS: every row runs to 64 new tokens)."""
     steps = 3 if not b.dry else 1
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "cfg.yaml"
-        text = SHAPES_CONFIG.replace("DEVICE", b.device).replace("STEPS", str(steps))
-        text = text.replace("DTYPE", "bf16-mixed" if b.device == "cuda" else "float32")
-        if b.dry:
-            text = (text.replace("hidden_size: 576, num_layers: 30, num_heads: 9, intermediate_size: 1536",
-                                 "hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128")
-                    .replace("hidden_size: 896, num_layers: 24, num_heads: 14, intermediate_size: 4864",
+    text = SHAPES_CONFIG.replace("DEVICE", b.device).replace("STEPS", str(steps))
+    text = text.replace("DTYPE", "bf16-mixed" if b.device == "cuda" else "float32")
+    if b.dry:
+        text = (text.replace("hidden_size: 576, num_layers: 30, num_heads: 9, intermediate_size: 1536",
                              "hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128")
-                    .replace("prompts_per_step: 32", "prompts_per_step: 2").replace("max_new_tokens: 64",
-                                                                                   "max_new_tokens: 4"))
-        cfg.write_text(text)
-        t0 = time.time()
-        proc = subprocess.run([sys.executable, "-m", "mutualrl.app.cli", "run", str(cfg), "--out", f"{tmp}/run"],
-                              capture_output=True, text=True, timeout=max(30, b.left_s() - 10),
-                              env={**os.environ, "MUTUALRL_CACHE": f"{tmp}/cache"})
-        wall = time.time() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(f"mutualrl run exited {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}")
-        recs = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines() if line]
-    trained = [r for r in recs if "step_s" in r and r.get("step", 0) >= 1]
+                .replace("hidden_size: 896, num_layers: 24, num_heads: 14, intermediate_size: 4864",
+                         "hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128")
+                .replace("prompts_per_step: 32", "prompts_per_step: 2").replace("max_new_tokens: 64",
+                                                                               "max_new_tokens: 4"))
+    wall, trained = _mutualrl_run(b, text)
     last = {r["policy"]: {k: v for k, v in r.items() if k.endswith("_s") and isinstance(v, (int, float))}
             for r in trained if r["step"] == steps}
     return {"steps": steps, "wall_s": wall, "rows_per_step": 32 * 8, "max_new_tokens": 64,

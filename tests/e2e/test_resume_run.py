@@ -1,5 +1,6 @@
-"""`mutualrl run` with resume points: a run stopped after step 3 of 4 (its newest resume point: step 2) goes on
-from step 3 when started again, and ends with the numbers of the same run left uninterrupted."""
+"""`mutualrl run` with resume points: a run stopped after its last step, 3 (its newest resume point: step 2; none
+is written at the last step), goes on from step 3 when started again, and ends with the numbers of the same run
+left uninterrupted."""
 
 import json
 import math
@@ -12,7 +13,7 @@ from mutualrl.app.resume_point import RESUME_FILE, save_resume_point
 from mutualrl.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-SETS = ["budget.steps=4", "budget.prompts_per_step=8", "eval.every=2", "eval.size=16", "sharing.mode=sgt",
+SETS = ["budget.steps=3", "budget.prompts_per_step=8", "eval.every=2", "eval.size=16", "sharing.mode=sgt",
         "checkpoint.resume_every=2"]
 
 
@@ -56,7 +57,7 @@ def test_a_stopped_run_resumes_from_its_resume_point_and_ends_as_an_uninterrupte
     assert resumed["resumed_after_step"] == 2
     assert not (out / RESUME_FILE).exists()
     a, b = _trained(tmp_path / "whole"), _trained(out)
-    assert a.keys() == b.keys() == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1, 5)}
+    assert a.keys() == b.keys() == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1, 4)}
     for key in a:  # the same prompts, samples and updates: the same numbers, to float rounding
         for field in ("reward_mean", "loss", "rollouts", "rescue_count"):
             x, y = a[key][field], b[key][field]
@@ -67,9 +68,9 @@ def test_a_stopped_run_resumes_from_its_resume_point_and_ends_as_an_uninterrupte
         got = resumed["policies"][name]
         assert got["final_accuracy"] == pol["final_accuracy"] and got["rollouts"] == pol["rollouts"]
         assert got["warm_start_accuracy"] == pol["warm_start_accuracy"]
-    for name in ("llama-char", "qwen-bpe"):  # each evaluation logged once: steps 0, 2 and 4
+    for name in ("llama-char", "qwen-bpe"):  # each evaluation logged once: steps 0, 2 and 3
         evals = [json.loads(line)["step"] for line in (out / "evals" / f"{name}.jsonl").read_text().splitlines()]
-        assert evals == [0, 2, 4], (name, evals)
+        assert evals == [0, 2, 3], (name, evals)
 
 
 def test_a_resume_point_of_another_config_or_damaged_is_refused_in_one_line(tmp_path):

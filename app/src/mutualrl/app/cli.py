@@ -259,17 +259,6 @@ def serve_learner(
                                                        weights_group=weights_group)))
 
 
-@serve_app.command("learner-rank", hidden=True)
-def serve_learner_rank(
-    config: Path = typer.Option(...), policy: str = typer.Option(...), out_dir: Path = typer.Option(..., "--out"),
-    rank: int = typer.Option(..., min=1), world: int = typer.Option(..., min=2), dist_port: int = typer.Option(...),
-) -> None:
-    """Rank 1.. of a sharded learner (started by its learner service, which is rank 0)."""
-    from mutualrl.services.learner.ranks import run_learner_rank
-
-    raise typer.Exit(run_learner_rank(config, policy, out_dir, rank, world, dist_port))
-
-
 @app.command()
 def compare(
     spec_file: Path = typer.Argument(..., help="Compare spec (entries, pairs, seeds)."),
@@ -469,8 +458,8 @@ def controller(
         help="Redis the runs' services publish on: follow their heartbeats for measured step costs."),
 ) -> None:
     """Serve the MWRA control API (bearer token from MUTUALRL_API_TOKEN or MUTUALRL_API_TOKEN_FILE)."""
-    from mutualrl.app.controller_app import build_backend, serve_controller
     from mutualrl.services.mwra.api import TokenMissing, read_token
+    from mutualrl.services.mwra.service import build_backend, serve_controller
 
     if backend not in ("kubernetes", "memory"):
         raise _fail(f"--backend must be kubernetes or memory, got {backend!r}")

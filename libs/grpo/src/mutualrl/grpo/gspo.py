@@ -38,18 +38,9 @@ def _ratio_metrics(ratio: torch.Tensor, clipped: torch.Tensor, rows: torch.Tenso
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    clip_ratio_c: float | None = None,
-    loss_agg: str = "seq-mean-token-mean",
-    norm_len: float | None = None,
-) -> PolicyLossOutput:
+def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+              clip_low: float = 3e-4, clip_high: float = 4e-4, clip_ratio_c: float | None = None,
+              loss_agg: str = "seq-mean-token-mean", norm_len: float | None = None) -> PolicyLossOutput:
     """GSPO objective ``−(1/G) Σ_i min(s_i Â_i, clip(s_i, 1−ε_l, 1+ε_h) Â_i)`` (§1.2).
 
     Gradient (unclipped rows): ``−s_i Â_i (1/|y_i|) Σ_t ∇log π_θ(y_{i,t})``.
@@ -73,18 +64,9 @@ def gspo_loss(
 
 
 @POLICY_LOSSES.register("gspo_token")
-def gspo_token_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    clip_ratio_c: float | None = None,
-    loss_agg: str = "seq-mean-token-mean",
-    norm_len: float | None = None,
-) -> PolicyLossOutput:
+def gspo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                    clip_low: float = 3e-4, clip_high: float = 4e-4, clip_ratio_c: float | None = None,
+                    loss_agg: str = "seq-mean-token-mean", norm_len: float | None = None) -> PolicyLossOutput:
     """GSPO-token: ``s_{i,t} = sg[s_i] · π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]`` (§1.2).
 
     Numerically ``s_{i,t} = s_i``; its gradient is that of token t alone, so a

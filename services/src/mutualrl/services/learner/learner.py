@@ -153,16 +153,6 @@ class Learner:
         self.peer_in.reputation.load_state_dict(state.get("reputation") or {})
         self.updater.correct_behaviour = bool(state.get("behaviour_correction", self.updater.correct_behaviour))
 
-    def _add_peer_rows(self, rows: Rows, intake: IntakeResult, metrics: dict) -> None:
-        """Peer rows after own rows, as the mode orders and filters them (HACPO drops
-        incomplete groups, counted)."""
-        peer_rows, dropped = self.mode.peer_rows(intake.rows)
-        if dropped:
-            metrics["incomplete_peer_rows"] = dropped
-            self.totals["incomplete_peer_rows"] += dropped
-        for r in peer_rows:
-            rows.add_row(r, kind=PEER)
-
     @property
     def version(self) -> int:
         """The newest weights version published (every rank of a sharded learner counts alike)."""
@@ -216,11 +206,13 @@ class Learner:
             metrics.update(self._staleness(step, own, intake))
         if self.peer_in.bank is not None:
             metrics.update(bank_successes=len(self.peer_in.bank), bank_released=released)
-        self._add_peer_rows(rows, intake, metrics)  # none unless the mode reads peer rollouts
-        self.mode.observe([float(r.payload.reward) for r in own], intake)  # once per step, before the update (§2.2)
-
-        rescues = self.mode.rescues(rows, intake, own_successes, self.s.group_size)
-        gate_open = self.mode.gate_open(own_successes, self.s.group_size)
+        # peer rows after own rows (none unless the mode reads peer rollouts), rewards observed, rescues, gate
+        sharing = self.mode.begin_step(rows, intake, [float(r.payload.reward) for r in own], own_successes,
+                                       self.s.group_size)
+        if sharing.dropped_peer_rows:  # HACPO drops incomplete groups, counted
+            metrics["incomplete_peer_rows"] = sharing.dropped_peer_rows
+            self.totals["incomplete_peer_rows"] += sharing.dropped_peer_rows
+        rescues, gate_open = sharing.rescues, sharing.gate_open
         if self.rescue is not None:  # SGT-R's second round: the learner's own samples on prompts a peer solved
             self.last_rescue = self.rescue.add_rows(step, rows, own_successes, intake.rescues, by_id)
             metrics.update(self.last_rescue.metrics())
@@ -265,9 +257,7 @@ class Learner:
         for k, v in intake.rejected.items():
             self.totals[f"rejected_{k}"] += v
         peer_used = rows.count(PEER)
-        shared_in = self.mode.shared_in(peer_used, rescues, intake.stats) + int(metrics.get("rescue_trained") or 0)
-        self.totals["rescues"] += len(rescues)
-        self.totals["shared_in"] += shared_in
+        rescued = int(metrics.get("rescue_trained") or 0)  # SGT-R's own rescue samples trained
         for mb in per_mb:  # mean over mini-batches of each diagnostic
             for k, v in mb.items():
                 metrics.setdefault("_" + k, []).append(v)
@@ -277,6 +267,10 @@ class Learner:
                 metrics[k[1:]] = int(sum(vals))
             else:
                 metrics[k[1:]] = sum(vals) / len(vals) if vals else None
+        shared_in, clip_frac = self.mode.report(metrics, peer_used, rescues, intake.stats)
+        shared_in += rescued
+        self.totals["rescues"] += len(rescues)
+        self.totals["shared_in"] += shared_in
         kl_value = metrics.get("kl") if metrics.get("kl") is not None else metrics.get("approx_kl")
         grad_norm = sum(grad_norms) / len(grad_norms)
         self.last_edges = self._edge_counts(rows, intake, rescues)
@@ -294,7 +288,7 @@ class Learner:
             "reward_mean": sum(rows.reward[i] for i in range(len(rows)) if rows.kind[i] == OWN) / len(own),
             "loss": sum(losses) / len(losses),
             "kl": kl_value if kl_value is not None else 0.0,
-            "clip_frac": self.mode.clip_fraction(metrics),
+            "clip_frac": clip_frac,
             "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
             "updates": update.updates,
             "empty_updates": update.empty_updates,

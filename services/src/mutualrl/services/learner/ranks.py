@@ -118,9 +118,9 @@ def exit_with_parent() -> None:
 
 
 def rank_argv(config: Path, policy: str) -> list[str]:
-    """The command of ranks 1..N-1 (the rank flags are appended by :class:`RankGroup`)."""
-    return [sys.executable, "-m", "mutualrl.app.cli", "serve", "learner-rank", "--config", str(config), "--policy",
-            policy]
+    """The command of ranks 1..N-1: this module's own entry point (:func:`main`; the rank flags are appended by
+    :class:`RankGroup`)."""
+    return [sys.executable, "-m", __name__, "--config", str(config), "--policy", policy]
 
 
 def run_learner_rank(config: Path, policy: str, out_dir: Path, rank: int, world: int, port: int) -> int:
@@ -160,3 +160,25 @@ def run_learner_rank(config: Path, policy: str, out_dir: Path, rank: int, world:
         return 0
     finally:
         dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ranks 1..N-1 (``python -m mutualrl.services.learner.ranks``), started by rank 0's learner
+    service; nothing else starts them."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="mutualrl.services.learner.ranks", description=main.__doc__)
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--policy", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--dist-port", type=int, required=True)
+    a = ap.parse_args(argv)
+    if not 1 <= a.rank < a.world:
+        ap.error(f"--rank must be 1..{a.world - 1} (rank 0 is the learner service)")
+    return run_learner_rank(a.config, a.policy, a.out, a.rank, a.world, a.dist_port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

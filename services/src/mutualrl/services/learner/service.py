@@ -50,24 +50,134 @@ def _write_missing(path, records: list[dict]) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
+class LearnerService:
+    """A policy's learner service: ``start`` starts the other ranks of a sharded learner, builds the learner and
+    its loop, resumes from the checkpoint and serves the ops endpoints; ``run`` trains the remaining steps (and
+    writes the final checkpoint once the budget is done); ``health`` is what ``/healthz`` answers; ``stop``
+    closes what ``start`` opened."""
+
+    def __init__(self, args: ServiceArgs):
+        self.args = args
+        self.stopping = stop_flag()
+        self.log = service_logger(f"{args.policy}.learner")
+        self.ctx = ServiceContext(args)
+        self.ranks: RankGroup | None = None
+        self.step = 0  # the last step trained
+        self.ops = self.tracker = self.metrics_file = self.store = None
+
+    def start(self) -> LearnerService:
+        """Ranks, learner, loop (resumed), metrics, tracker and ops endpoints."""
+        args, ctx, log = self.args, self.ctx, self.log
+        cfg, p = ctx.cfg, ctx.policy_cfg
+        if cfg.weights.transport == "collective":
+            log.info("hosting the weight group",
+                     extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
+        world = learner_world(p)
+        self.ranks = ranks = _start_ranks(args, cfg, p, world, log) if world > 1 else None
+        self.store = learner_transport(cfg, ctx.index, args.weights_dir, args.weights_group)
+        self.pp, learner = service_learner(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, ctx.exchange,
+                                           self.store, lambda s: log.info(s),
+                                           shard=_shard_fn(cfg, p) if ranks else None,
+                                           device=rank_device(p, 0) if ranks else None)
+        self.learner = learner
+        evals = eval_log(args.out_dir, p.name)
+        pp = self.pp
+        self.loop = LearnerLoop(learner,
+                                lambda model, step: evaluate(pp, model, ctx.task, ctx.verifier, cfg, evals, step),
+                                steps=cfg.budget.steps, eval_every=cfg.eval_every(p.name),
+                                checkpoints=Checkpoints(ctx.state_dir / f"{p.name}.learner.state.pt",
+                                                        cfg.checkpoint.every),
+                                lockstep=ranks)
+        collective = cfg.weights.transport == "collective"  # a broadcast version can be missed, one on disk cannot
+        # a version in shared memory does not outlive the learner: a restarted learner's versions are sent again
+        self.step = _resume(self.loop, ctx, log, republish=collective or cfg.weights.transport == "shm")
+        metrics_path = ctx.state_dir / f"{p.name}.metrics.jsonl"
+        _write_missing(metrics_path, self.loop.records)
+        self.metrics = LearnerMetrics(p.name, learner.peers, ctx.exchange, rescue=learner.rescue is not None)
+        # each learner logs its own policy; the SEE namespace ties the policies of one run together in a tracker
+        self.tracker = open_tracker(cfg.tracking, run_info(cfg, p.name, args.namespace, args.out_dir),
+                                    warn=log.warning, registry=self.metrics.registry)
+        self.ops = OpsServer(self.metrics.registry, self.health, cfg.launcher.host, args.ops_port).start()
+        self.metrics_file = metrics_path.open("a")
+        self.metrics.position(self.step, learner.version)
+        log.info("learning", extra={"fields": {"ops_port": self.ops.port, "start_step": self.step + 1}})
+        return self
+
+    def _peer_lag(self) -> int:
+        """Steps this learner is ahead of its slowest peer's rollouts (the sources of its incoming edges)."""
+        return max((self.step - self.ctx.last_step("rollout", q) for q in self.learner.peers), default=0)
+
+    def health(self) -> dict:
+        """What ``/healthz`` answers: the step, the weights version and how far the peers lag."""
+        return {"status": "ok", "role": "learner", "policy": self.args.policy, "step": self.step,
+                "weights_version": self.learner.version, "lag": max(0, self._peer_lag())}
+
+    def run(self) -> int:
+        """Train from the step after the checkpoint to the budget (the final checkpoint once it is done)."""
+        ctx, cfg, learner = self.ctx, self.ctx.cfg, self.learner
+        peers = learner.peers
+        # a rollout service asks again for a missed broadcast, or for a delta whose base it does not serve
+        asks_again = cfg.weights.transport == "collective" or isinstance(learner.weights.sender, DeltaSender)
+        resend_if_asked = _resender(self) if asks_again else None
+        distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+        for step in range(self.step + 1, cfg.budget.steps + 1):
+            if self.stopping.is_set():
+                return 0
+            problems = distributor.batch(step)
+            if cfg.async_.peers == "lockstep":  # peers sample the same step within the deadline, or we go on
+                ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers),
+                             cfg.launcher.peer_deadline_s, self.stopping)
+            # bounded: never wait; the peer intake takes what is within sharing.max_version_lag of this step
+            self._record(step, self.loop.step(step, problems, while_waiting=resend_if_asked))
+        _finish(self.args, ctx, self.loop, self.pp, learner, self.ranks, self.log)
+        return 0
+
+    def _record(self, step: int, out) -> None:
+        """A trained step's durable records to the metrics file and the tracker, its heartbeat, metrics and log."""
+        ctx, learner, rec = self.ctx, self.learner, out.record
+        if out.durable:
+            self.metrics_file.writelines(json.dumps(r) + "\n" for r in out.durable)
+            self.metrics_file.flush()
+            for r in out.durable:
+                self.tracker.log(r)
+        stages = {k: v for k, v in (rec.get("stage_seconds") or {}).items() if k != "wait"}
+        if out.checkpoint_s is not None:
+            stages["checkpoint"] = out.checkpoint_s
+        self.metrics.stages.observe(stages, rec.get("tokens", 0))
+        ctx.exchange.publish(pb.Heartbeat(role="learner", step=step, version=learner.version, status="ok",
+                                          stage_seconds=stages, tokens=rec.get("tokens", 0)),
+                             f"{ctx.policy_cfg.name}.learner")
+        self.step = step
+        self.metrics.position(step, learner.version, self._peer_lag())
+        self.metrics.observe(rec, learner)
+        _log_step(self.log, step, rec)
+
+    def stop(self) -> None:
+        """Close what ``start`` opened: the tracker (the final numbers), the ops endpoints, the metrics file, a
+        shared-memory sender's slots, the other ranks."""
+        try:
+            if self.tracker is not None:
+                _close_tracker(self.tracker, self.loop, self.step, self.log)
+            if self.ops is not None:
+                self.ops.stop()
+            if self.metrics_file is not None:
+                self.metrics_file.close()
+            if isinstance(self.store, ShmSender):  # its slots go with it (a killed learner's: the next start reclaims)
+                self.store.close()
+        finally:
+            if self.ranks is not None:
+                self.ranks.stop()
+                dist.destroy_process_group()
+
+
 def run_learner_service(args: ServiceArgs) -> int:
-    """A policy's learner service: trains step by step, publishes weights, checkpoints, and serves /healthz and
-    /metrics."""
-    stop = stop_flag()
-    log = service_logger(f"{args.policy}.learner")
-    ctx = ServiceContext(args)
-    cfg, p = ctx.cfg, ctx.policy_cfg
-    if cfg.weights.transport == "collective":
-        log.info("hosting the weight group",
-                 extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
-    world = learner_world(p)
-    ranks = _start_ranks(args, cfg, p, world, log) if world > 1 else None
+    """A policy's learner service, from start to stop (the process's main)."""
+    service = LearnerService(args)
     try:
-        return _serve(args, ctx, log, stop, ranks)
+        service.start()
+        return service.run()
     finally:
-        if ranks is not None:
-            ranks.stop()
-            dist.destroy_process_group()
+        service.stop()
 
 
 def _start_ranks(args: ServiceArgs, cfg, p, world: int, log) -> RankGroup:
@@ -85,100 +195,21 @@ def _shard_fn(cfg, p):
                                       activation_checkpointing=p.resources.activation_checkpointing)
 
 
-def _resender(loop: LearnerLoop, metrics: LearnerMetrics, status: dict, log):
+def _resender(service: LearnerService):
     """What a learner does between polls for its own rollouts when its rollout service may ask for the weights
     again (a missed broadcast, or a delta whose base it does not serve): send the current weights, whole, as a
     new version (docs/architecture.md, "Weights")."""
-    learner = loop.learner
+    learner, loop = service.learner, service.loop
 
     def resend_if_asked() -> None:
         if learner.weights.asked_again():
-            log.info("weights asked for again by the rollout service",
-                     extra={"fields": {"version": learner.version + 1}})
+            service.log.info("weights asked for again by the rollout service",
+                             extra={"fields": {"version": learner.version + 1}})
             learner.weights.send_whole_next()
-            loop.publish(status["step"])
-            metrics.position(status["step"], learner.version)
+            loop.publish(service.step)
+            service.metrics.position(service.step, learner.version)
 
     return resend_if_asked
-
-
-def _serve(args: ServiceArgs, ctx: ServiceContext, log, stop, ranks: RankGroup | None) -> int:
-    cfg, p = ctx.cfg, ctx.policy_cfg
-    store = learner_transport(cfg, ctx.index, args.weights_dir, args.weights_group)
-    pp, learner = service_learner(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, ctx.exchange, store,
-                                  lambda s: log.info(s),
-                                  shard=_shard_fn(cfg, p) if ranks else None,
-                                  device=rank_device(p, 0) if ranks else None)
-    evals = eval_log(args.out_dir, p.name)
-    loop = LearnerLoop(learner, lambda model, step: evaluate(pp, model, ctx.task, ctx.verifier, cfg, evals, step),
-                       steps=cfg.budget.steps,
-                       eval_every=cfg.eval_every(p.name),
-                       checkpoints=Checkpoints(ctx.state_dir / f"{p.name}.learner.state.pt", cfg.checkpoint.every),
-                       lockstep=ranks)
-    peers = learner.peers  # the sources of its incoming sharing edges (every other policy without edges)
-    collective = cfg.weights.transport == "collective"  # a version sent by broadcast can be missed, one on disk cannot
-    # a rollout service asks again for a missed broadcast, or for a delta whose base it does not serve
-    asks_again = collective or isinstance(learner.weights.sender, DeltaSender)
-    # a version in shared memory does not outlive the learner: a restarted learner's versions are sent again
-    done = _resume(loop, ctx, log, republish=collective or cfg.weights.transport == "shm")
-    metrics_path = ctx.state_dir / f"{p.name}.metrics.jsonl"
-    _write_missing(metrics_path, loop.records)
-
-    metrics = LearnerMetrics(p.name, peers, ctx.exchange, rescue=learner.rescue is not None)
-    status = {"step": done}
-
-    def peer_lag() -> int:
-        return max((status["step"] - ctx.last_step("rollout", q) for q in peers), default=0)
-
-    def health() -> dict:
-        return {"status": "ok", "role": "learner", "policy": p.name, "step": status["step"],
-                "weights_version": learner.version, "lag": max(0, peer_lag())}
-
-    # each learner logs its own policy; the SEE namespace ties the policies of one run together in a tracker
-    tracker = open_tracker(cfg.tracking, run_info(cfg, p.name, args.namespace, args.out_dir),
-                           warn=log.warning, registry=metrics.registry)
-    ops = OpsServer(metrics.registry, health, cfg.launcher.host, args.ops_port).start()
-    distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
-    metrics_file = metrics_path.open("a")
-    metrics.position(done, learner.version)
-    log.info("learning", extra={"fields": {"ops_port": ops.port, "start_step": done + 1}})
-
-    resend_if_asked = _resender(loop, metrics, status, log) if asks_again else None
-    try:
-        for step in range(done + 1, cfg.budget.steps + 1):
-            if stop.is_set():
-                break
-            problems = distributor.batch(step)
-            if cfg.async_.peers == "lockstep":  # peers sample the same step within the deadline, or we go on
-                ctx.wait_for(lambda: all(ctx.last_step("rollout", q) >= step for q in peers),
-                             cfg.launcher.peer_deadline_s, stop)
-            # bounded: never wait; the peer intake takes what is within sharing.max_version_lag of this step
-            out = loop.step(step, problems, while_waiting=resend_if_asked)
-            rec = out.record
-            if out.durable:
-                metrics_file.writelines(json.dumps(r) + "\n" for r in out.durable)
-                metrics_file.flush()
-                for r in out.durable:
-                    tracker.log(r)
-            stages = {k: v for k, v in (rec.get("stage_seconds") or {}).items() if k != "wait"}
-            if out.checkpoint_s is not None:
-                stages["checkpoint"] = out.checkpoint_s
-            metrics.stages.observe(stages, rec.get("tokens", 0))
-            ctx.exchange.publish(pb.Heartbeat(role="learner", step=step, version=learner.version, status="ok",
-                                              stage_seconds=stages, tokens=rec.get("tokens", 0)), f"{p.name}.learner")
-            status["step"] = step
-            metrics.position(step, learner.version, peer_lag())
-            metrics.observe(rec, learner)
-            _log_step(log, step, rec)
-        else:
-            _finish(args, ctx, loop, pp, learner, ranks, log)
-    finally:
-        _close_tracker(tracker, loop, status["step"], log)
-        ops.stop()
-        metrics_file.close()
-        if isinstance(store, ShmSender):  # its slots go with it (a killed learner's: the next start reclaims them)
-            store.close()
-    return 0
 
 
 def _close_tracker(tracker, loop: LearnerLoop, step: int, log) -> None:

@@ -133,16 +133,11 @@ class PolicyUpdate:
             else:  # pass 1: no graph; the loss's backward stops at this leaf
                 logp = self.forward.logprobs_no_grad(prompts, completions, plan).requires_grad_(True)
             x = self._loss_inputs(inputs, sl, m, logp, kind_all, src_mean_all, proximal[m], plan, stages)
-            out = self.mode.loss(x)
-            loss = out.loss
-            mb_metrics = dict(out.metrics)
+            loss, mb_metrics, rescue_metrics = self.mode.minibatch_loss(x, self.model, rescues, self.pad_id,
+                                                                         self.forward.context)
             if m == 0:
                 mb_metrics.update(behaviour_gap(logp.detach(), x.logprobs, x.mask, x.kind == OWN))
-            with self.forward.context():
-                extra, extra_metrics = self.mode.rescue_loss(self.model, rescues, m, self.pad_id)
-            if extra is not None:
-                loss = loss + extra
-                mb_metrics.update(extra_metrics)
+            mb_metrics.update(rescue_metrics)
             loss.backward()
             if len(plan) > 1:  # pass 2: ∂L/∂ℓ through each micro-batch's graph
                 self.forward.backward_through(prompts, completions, plan, logp.grad)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hmac
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -65,8 +65,15 @@ def _parse(yaml_text: str):
                                           "type": "config_error"}]) from None
 
 
-def create_app(controller: Controller, token: str) -> FastAPI:
-    """The controller's HTTP API (FastAPI); every experiment route needs the bearer ``token``."""
+def controller_health(controller: Controller) -> dict:
+    """What the controller's ``/healthz`` answers: its backend, whether it leads, how many experiments it holds."""
+    return {"status": "ok", "role": "controller", "backend": controller.backend.name, "leader": controller.leading,
+            "experiments": len(controller.experiments)}
+
+
+def create_app(controller: Controller, token: str, health: Callable[[], dict] | None = None) -> FastAPI:
+    """The controller's HTTP API (FastAPI); every experiment route needs the bearer ``token``. ``health``: what
+    ``/healthz`` answers (the service's; by default the controller's state)."""
     app = FastAPI(title="mutualrl MWRA controller", version="0.1.0",
                   description="Plans every policy's GPUs from measured step costs and places them all-or-nothing.")
     bearer = HTTPBearer(auto_error=False)
@@ -76,12 +83,12 @@ def create_app(controller: Controller, token: str) -> FastAPI:
                 token.encode()):
             raise HTTPException(401, detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
-    _add_operational_routes(app, controller)
+    _add_operational_routes(app, controller, health or (lambda: controller_health(controller)))
     _add_experiment_routes(app, controller, auth)
     return app
 
 
-def _add_operational_routes(app: FastAPI, controller: Controller) -> None:
+def _add_operational_routes(app: FastAPI, controller: Controller, health: Callable[[], dict]) -> None:
     """The unauthenticated routes probes and Prometheus use, and the planner's error as 409."""
 
     @app.exception_handler(PlanningError)
@@ -90,8 +97,7 @@ def _add_operational_routes(app: FastAPI, controller: Controller) -> None:
 
     @app.get("/healthz")
     def healthz() -> dict:
-        return {"status": "ok", "role": "controller", "backend": controller.backend.name, "leader": controller.leading,
-                "experiments": len(controller.experiments)}
+        return health()
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:

@@ -74,81 +74,108 @@ def _report_step(ctx: ServiceContext, policy: str, step: int, res, version: int,
                                        "successes": res.successes_published, "reward_mean": res.reward_mean}})
 
 
-def run_rollout_service(args: ServiceArgs) -> int:
-    """A policy's rollout service: samples each step with the newest weights, serves gRPC, and follows the learner's
-    versions."""
-    stop = stop_flag()
-    log = service_logger(f"{args.policy}.rollout")
-    ctx = ServiceContext(args)
-    cfg, p = ctx.cfg, ctx.policy_cfg
-    pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s))
-    collective = cfg.weights.transport == "collective"
-    if collective:
-        log.info("joining the learner's weight group",
-                 extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
+class RolloutService:
+    """A policy's rollout service: ``start`` builds its engine and serves gRPC and its ops endpoints, ``run``
+    samples each step with the newest weights until the budget is sampled (then keeps serving weights updates
+    and Generate until told to stop), ``health`` is what ``/healthz`` answers, ``stop`` closes what ``start``
+    opened."""
 
-    store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group,
-                              newest=lambda: newest_announced(ctx.exchange, p.name))
-    engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store, p.model.path or pp.arts.source,
-                          collective=collective, precision=pp.precision, adopt=True)
-    join_engine_group(cfg, ctx.index, engine, args.weights_group)
-    if isinstance(store, DeltaReceiver):  # deltas are rebuilt on the tensors this engine serves
-        store.attach(engine.model.state_dict, lambda: engine.info().weights_version)
-    registry = CollectorRegistry()
-    keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
-    key = keyring.key(f"{p.name}.learner") if keyring is not None else None
-    context = context_limit(pp.arts.model.config)
-    servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry, prompt_style(cfg, p),
-                               max_context=context, announced=partial(_announced, ctx.exchange, p.name),
-                               update_token=update_weights_token(key, p.name) if key else None)
-    server, grpc_port = serve(servicer, cfg.launcher.host, args.grpc_port, tls=_tls(cfg.launcher))
-    metrics = RolloutMetrics(p.name, registry, ctx.exchange)
-    state = {"step": 0}
+    def __init__(self, args: ServiceArgs):
+        self.args = args
+        self.stopping = stop_flag()
+        self.log = service_logger(f"{args.policy}.rollout")
+        self.ctx = ServiceContext(args)
+        self.step = 0  # the last step sampled
 
-    def health() -> dict:
-        info = engine.info()
-        return {"status": engine.health(), "role": "rollout", "policy": p.name, "step": state["step"],
+    def start(self) -> RolloutService:
+        """The engine on the policy's weights, joined to the learner's weight group when collective; the gRPC
+        server, the ops endpoints, the weights follower and the rescue responder running."""
+        ctx, args, log = self.ctx, self.args, self.log
+        cfg, p = ctx.cfg, ctx.policy_cfg
+        pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s))
+        collective = cfg.weights.transport == "collective"
+        if collective:
+            log.info("joining the learner's weight group",
+                     extra={"fields": {"address": args.weights_group, "engine": p.engine.backend}})
+        store = rollout_transport(cfg, ctx.index, args.weights_dir, args.weights_group,
+                                  newest=lambda: newest_announced(ctx.exchange, p.name))
+        self.engine = engine = build_engine(p.engine, pp.arts.model, pp.arts.tokenizer, store,
+                                            p.model.path or pp.arts.source, collective=collective,
+                                            precision=pp.precision, adopt=True)
+        join_engine_group(cfg, ctx.index, engine, args.weights_group)
+        if isinstance(store, DeltaReceiver):  # deltas are rebuilt on the tensors this engine serves
+            store.attach(engine.model.state_dict, lambda: engine.info().weights_version)
+        registry = CollectorRegistry()
+        keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
+        key = keyring.key(f"{p.name}.learner") if keyring is not None else None
+        context = context_limit(pp.arts.model.config)
+        servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry,
+                                   prompt_style(cfg, p), max_context=context,
+                                   announced=partial(_announced, ctx.exchange, p.name),
+                                   update_token=update_weights_token(key, p.name) if key else None)
+        self.server, self.grpc_port = serve(servicer, cfg.launcher.host, args.grpc_port, tls=_tls(cfg.launcher))
+        self.metrics = metrics = RolloutMetrics(p.name, registry, ctx.exchange)
+        self.ops = OpsServer(registry, self.health, cfg.launcher.host, args.ops_port).start()
+        self.worker = make_worker(cfg, pp, engine, ctx.exchange, ctx.verifier)
+        self.distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+        self.shard = shard = shard_from_env()  # replica i of n samples prompts i, i+n, ... of every step
+        ledger_path = ctx.state_dir / f"{p.name}.rollout{shard.suffix}.ledger.jsonl"
+        self.next_step = _resume_step(ctx.last_step("learner"), ledger_path)
+        self.ledger = ledger_path.open("a")
+        log.info("serving", extra={"fields": {"grpc_port": self.grpc_port, "ops_port": self.ops.port,
+                                              "resume_step": self.next_step,
+                                              "replica": f"{shard.index + 1} of {shard.count}"}})
+        self.follower = follower = WeightsFollower(
+            p.name, ctx.exchange, store, engine.update_weights, lambda: engine.info().weights_version,
+            collective=collective, log=log, on_loaded=lambda v: _loaded(servicer.metrics, p.name, v, follower),
+            on_refused=lambda v, e: metrics.refused.labels(p.name).inc())
+        self.worker.weights_step = follower.served_step
+        follower.follow(self.stopping)
+        _answer_rescue_requests(ctx, engine, self.worker.sampling, context, log, shard.index, self.stopping)
+        return self
+
+    def health(self) -> dict:
+        """What ``/healthz`` answers: the engine's status, the step, the served weights version and its lag."""
+        info = self.engine.info()
+        return {"status": self.engine.health(), "role": "rollout", "policy": self.args.policy, "step": self.step,
                 "weights_version": info.weights_version,
-                "lag": max(0, ctx.last_step("learner") - info.weights_version), "grpc_port": grpc_port}
+                "lag": max(0, self.ctx.last_step("learner") - info.weights_version), "grpc_port": self.grpc_port}
 
-    ops = OpsServer(registry, health, cfg.launcher.host, args.ops_port).start()
-    worker = make_worker(cfg, pp, engine, ctx.exchange, ctx.verifier)
-    distributor = PromptDistributor(ctx.task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
-    shard = shard_from_env()  # replica i of n samples prompts i, i+n, ... of every step
-    ledger_path = ctx.state_dir / f"{p.name}.rollout{shard.suffix}.ledger.jsonl"
-    step = _resume_step(ctx.last_step("learner"), ledger_path)
-    ledger = ledger_path.open("a")
-    ahead = cfg.async_.max_staleness
-    log.info("serving", extra={"fields": {"grpc_port": grpc_port, "ops_port": ops.port, "resume_step": step,
-                                          "replica": f"{shard.index + 1} of {shard.count}"}})
-    follower = WeightsFollower(p.name, ctx.exchange, store, engine.update_weights,
-                               lambda: engine.info().weights_version, collective=collective,
-                               log=log, on_loaded=lambda v: _loaded(servicer.metrics, p.name, v, follower),
-                               on_refused=lambda v, e: metrics.refused.labels(p.name).inc())
-    worker.weights_step = follower.served_step
-    follower.follow(stop)
-    _answer_rescue_requests(ctx, engine, worker.sampling, context, log, shard.index, stop)
-    try:
-        while step <= cfg.budget.steps and not stop.is_set():
+    def run(self) -> int:
+        """Sample every step of the budget under bounded staleness, then serve until told to stop."""
+        ctx, cfg, p = self.ctx, self.ctx.cfg, self.ctx.policy_cfg
+        ahead, step = cfg.async_.max_staleness, self.next_step
+        while step <= cfg.budget.steps and not self.stopping.is_set():
             # bounded staleness: the learner finished step t-1-k and its newest version is served
-            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 - ahead and follower.caught_up(), 3600,
-                                stop):
+            if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 - ahead and self.follower.caught_up(),
+                                3600, self.stopping):
                 break
             # crash tests: the weights are loaded, nothing sampled
             fault_point("rollout_before_sample", step, ctx.state_dir, p.name)
-            res = worker.run_step(step, shard.take(distributor.batch(step)))
-            _report_step(ctx, p.name, step, res, res.weights_version, ledger, metrics, log)
-            state["step"] = step
+            res = self.worker.run_step(step, self.shard.take(self.distributor.batch(step)))
+            _report_step(ctx, p.name, step, res, res.weights_version, self.ledger, self.metrics, self.log)
+            self.step = step
             step += 1
         # the budget is sampled: keep serving (weights updates, Generate) until told to stop
-        stop.wait()
-        follower.check()
+        self.stopping.wait()
+        self.follower.check()
+        return 0
+
+    def stop(self) -> None:
+        """Close what ``start`` opened: the gRPC server, the ops endpoints, the ledger."""
+        self.server.stop(grace=2)
+        self.ops.stop()
+        self.ledger.close()
+        self.log.info("stopped")
+
+
+def run_rollout_service(args: ServiceArgs) -> int:
+    """A policy's rollout service, from start to stop (the process's main)."""
+    service = RolloutService(args).start()
+    try:
+        return service.run()
     finally:
-        server.stop(grace=2)
-        ops.stop()
-        ledger.close()
-        log.info("stopped")
-    return 0
+        service.stop()
 
 
 def _announced(exchange, policy: str) -> tuple[int, str] | None:

@@ -10,7 +10,8 @@ pure functions in ``mutualrl.grpo``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import torch
 
@@ -29,7 +30,7 @@ from mutualrl.grpo import (
     sequence_mean,
 )
 from mutualrl.grpo.registry import Registry
-from mutualrl.services.learner.objective import OWN, LossInputs, Rows, StepAdvantages
+from mutualrl.services.learner.objective import OWN, PEER, LossInputs, Rows, StepAdvantages
 from mutualrl.services.learner.peer_experience import IntakeResult, PeerRow, PeerStats
 from mutualrl.services.learner.success_bank import SuccessBank
 
@@ -61,9 +62,22 @@ def group_ids(rows: Rows) -> tuple[torch.Tensor, dict[str, int]]:
     return torch.tensor([gid.setdefault(p, len(gid)) for p in rows.prompt_id]), gid
 
 
+@dataclass
+class StepSharing:
+    """A mode's decisions for one step before its update: the rescues it trains, the own groups in which no
+    sample succeeded (the gate), and how many peer rows it dropped."""
+    rescues: list[RescueItem]
+    gate_open: int
+    dropped_peer_rows: int
+
+
 class SharingMode:
     """The isolated learner, and the hooks every mode may change. A mode subclasses it, sets the
-    class attributes and overrides only what it does differently."""
+    class attributes and overrides only what it does differently.
+
+    The learner asks its mode four things a step, through the entry points at the end of this class:
+    ``begin_step`` (peer rows, observation, rescues, gate), ``advantages``, per mini-batch ``minibatches`` and
+    ``minibatch_loss``, and ``report``; each entry point calls the finer hooks a mode overrides."""
 
     name: ClassVar[str]
     section: ClassVar[str]  # where docs/algorithms.md specifies it
@@ -200,6 +214,35 @@ class SharingMode:
     def clip_fraction(self, metrics: dict) -> float | None:
         """The record's ``clip_frac``: the share of own tokens the policy-gradient loss clipped."""
         return metrics.pop("clip_frac", None)
+
+    # ---- the entry points the learner calls ---------------------------------------------------
+    def begin_step(self, rows: Rows, intake: IntakeResult, own_rewards: list[float], own_successes: dict[str, int],
+                   group_size: int) -> StepSharing:
+        """The mode's part of a step before its advantages, in this order: the peer rows it trains appended to
+        ``rows`` after the own ones, every agent's rewards observed (once per step, before the update: §2.2),
+        then the rescues it trains and the groups its gate opens on."""
+        peer_rows, dropped = self.peer_rows(intake.rows)
+        for r in peer_rows:
+            rows.add_row(r, kind=PEER)
+        self.observe(own_rewards, intake)
+        return StepSharing(self.rescues(rows, intake, own_successes, group_size),
+                           self.gate_open(own_successes, group_size), dropped)
+
+    def minibatch_loss(self, x: LossInputs, model, rescues: list[RescueItem], pad_id: int,
+                       context: Callable) -> tuple[torch.Tensor, dict, dict]:
+        """One mini-batch's loss: the mode's loss on its rows, plus its term on rescued successes (computed
+        under ``context()``, the precision's autocast). Returns the loss, the loss's metrics and the rescue
+        term's metrics."""
+        out = self.loss(x)
+        with context():
+            extra, extra_metrics = self.rescue_loss(model, rescues, x.minibatch_index, pad_id)
+        return (out.loss if extra is None else out.loss + extra), dict(out.metrics), extra_metrics
+
+    def report(self, metrics: dict, peer_rows: int, rescues: list[RescueItem],
+               stats: dict[str, list[PeerStats]]) -> tuple[int, float | None]:
+        """What the step's record says of the sharing: how much peer experience entered the loss, and the
+        clip fraction (taken out of ``metrics``)."""
+        return self.shared_in(peer_rows, rescues, stats), self.clip_fraction(metrics)
 
 
 def make_mode(policy: str, algorithm: AlgorithmConfig, sharing: SharingConfig, max_new_tokens: int) -> SharingMode:

@@ -1,4 +1,5 @@
-"""`mutualrl controller`: the MWRA control API over a backend, with a reconcile loop beside it."""
+"""MWRA's service (`mutualrl controller`): the control API over a backend, with a reconcile loop and a heartbeat
+follower beside it, as a small class with the verbs every service has (start / run / health / stop)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 from pathlib import Path
 
 from mutualrl.config import parse_config
-from mutualrl.services.mwra.api import create_app, read_token
+from mutualrl.services.mwra.api import controller_health, create_app, read_token
 from mutualrl.services.mwra.backends.base import Backend, InMemoryBackend
 from mutualrl.services.mwra.controller import Controller
 from mutualrl.services.mwra.heartbeats import HeartbeatFollower
@@ -68,23 +69,54 @@ def reconcile_forever(controller: Controller, every_s: float, stop: threading.Ev
         stop.wait(every_s)
 
 
+class MwraService:
+    """The MWRA controller as a service: ``start`` builds the controller (applying the chart's experiment, when
+    ``submit`` names one) and starts the reconcile loop; ``run`` serves the HTTP API until the process is told to
+    stop; ``health`` is what ``/healthz`` answers; ``stop`` ends the reconcile loop."""
+
+    def __init__(self, backend: Backend, leader, host: str, port: int, every_s: float = 5.0,
+                 submit: Path | None = None, redis_url: str | None = None, **controller_kwargs):
+        self.backend, self.leader, self.host, self.port = backend, leader, host, port
+        self.every_s, self.submit, self.redis_url = every_s, submit, redis_url
+        self.controller_kwargs = controller_kwargs
+        self.stopping = threading.Event()
+
+    def start(self) -> MwraService:
+        """The controller, the chart's experiment applied, the reconcile loop (and heartbeat follower) running."""
+        self.token = read_token()
+        self.controller = controller = Controller(self.backend, leader=self.leader, **self.controller_kwargs)
+        if self.submit is not None:
+            # the chart's experiment, under a fixed id: a restarted controller re-applies the same run
+            text = self.submit.read_text()
+            cfg = parse_config(text, str(self.submit), check_paths=False)
+            controller.submit(cfg, text, exp_id=cfg.name.lower().replace("_", "-").replace(".", "-")[:40])
+        follower = HeartbeatFollower(controller, heartbeat_connector(self.redis_url)) if self.redis_url else None
+        threading.Thread(target=reconcile_forever, args=(controller, self.every_s, self.stopping),
+                         kwargs={"follower": follower}, daemon=True).start()
+        return self
+
+    def health(self) -> dict:
+        """What ``/healthz`` answers (the API serves it: mutualrl.services.mwra.api)."""
+        return controller_health(self.controller)
+
+    def run(self) -> int:
+        """Serve the control API until the process is told to stop (uvicorn handles SIGINT and SIGTERM)."""
+        import uvicorn
+
+        uvicorn.run(create_app(self.controller, self.token, self.health), host=self.host, port=self.port,
+                    log_level="warning")
+        return 0
+
+    def stop(self) -> None:
+        """End the reconcile loop."""
+        self.stopping.set()
+
+
 def serve_controller(backend: Backend, leader, host: str, port: int, every_s: float = 5.0, submit: Path | None = None,
                      redis_url: str | None = None, **controller_kwargs) -> None:
     """Run the MWRA controller: its HTTP API, the reconcile loop and, with ``redis_url``, the heartbeat follower."""
-    import uvicorn
-
-    token = read_token()
-    controller = Controller(backend, leader=leader, **controller_kwargs)
-    if submit is not None:
-        # the chart's experiment, under a fixed id: a restarted controller re-applies the same run
-        text = submit.read_text()
-        cfg = parse_config(text, str(submit), check_paths=False)
-        controller.submit(cfg, text, exp_id=cfg.name.lower().replace("_", "-").replace(".", "-")[:40])
-    stop = threading.Event()
-    follower = HeartbeatFollower(controller, heartbeat_connector(redis_url)) if redis_url else None
-    threading.Thread(target=reconcile_forever, args=(controller, every_s, stop), kwargs={"follower": follower},
-                     daemon=True).start()
+    service = MwraService(backend, leader, host, port, every_s, submit, redis_url, **controller_kwargs).start()
     try:
-        uvicorn.run(create_app(controller, token), host=host, port=port, log_level="warning")
+        service.run()
     finally:
-        stop.set()
+        service.stop()
