@@ -369,6 +369,13 @@ def weights_transport(b: Bench) -> dict:
             "bound_over_ours": bound_s / best, "engine_exit": proc.exitcode}
 
 
+# what both `mutualrl run` sections train: SGT on 1-2 digit sums, 32 prompts x 8 a step
+_RUN_TAIL = """task: {{name: arithmetic, min_digits: 1, max_digits: 2, operators: "+", train_size: 2000, eval_size: 64}}
+sharing: {{mode: sgt}}
+budget: {{steps: STEPS, prompts_per_step: 32, group_size: 8, max_new_tokens: {new}}}
+eval: {{every: {every}, size: 64}}
+"""
+
 RUN_CONFIG = """
 name: gpu-two-policies
 seed: 0
@@ -383,11 +390,7 @@ policies:
     tokenizer: {kind: bpe, vocab_size: 300}
     engine: {device: DEVICE}
     warm_start: {enabled: false}
-task: {name: arithmetic, min_digits: 1, max_digits: 2, operators: "+", train_size: 2000, eval_size: 64}
-sharing: {mode: sgt}
-budget: {steps: STEPS, prompts_per_step: 32, group_size: 8, max_new_tokens: 6}
-eval: {every: 5, size: 64}
-"""
+""" + _RUN_TAIL.format(new=6, every=5)
 
 
 def _mutualrl_run(b: Bench, config_text: str) -> tuple[float, list[dict]]:
@@ -433,11 +436,7 @@ policies:
     tokenizer: {kind: qwen2.5}
     engine: {device: DEVICE}
     warm_start: {enabled: false}
-task: {name: arithmetic, min_digits: 1, max_digits: 2, operators: "+", train_size: 2000, eval_size: 64}
-sharing: {mode: sgt}
-budget: {steps: STEPS, prompts_per_step: 32, group_size: 8, max_new_tokens: 64}
-eval: {every: 100, size: 64}
-"""
+""" + _RUN_TAIL.format(new=64, every=100)
 
 
 def run_real_shapes(b: Bench) -> dict:
