@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from mutualrl.app.resume_point import (
     PolicyResume,
@@ -281,6 +282,8 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
          stack: ExitStack) -> dict:
     rep = reporter or Reporter()
     started = time.monotonic()
+    # the run's own display says what loads; a progress bar's redraws would each land in it as a line
+    hf_logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -177,7 +178,10 @@ def _convert_in_child(args: list[str], name: str, cache_dir: Path, extra: dict,
     stdout line is the folder, and a failure's last stderr line becomes the error."""
     cmd = [sys.executable, "-m", "mutualrl.models.convert", *args, "--name", name, "--cache", str(cache_dir),
            "--meta", json.dumps(extra)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # progress bars redraw with carriage returns, which a text pipe splits into a line per redraw: the child
+    # draws none, and says what it does in lines of its own
+    env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None and proc.stdout is not None
     last = ""
     for line in proc.stderr:
