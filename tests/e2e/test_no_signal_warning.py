@@ -31,7 +31,8 @@ def test_a_policy_at_zero_percent_is_warned_about_and_summarised(tmp_path, token
     path.write_text(yaml.safe_dump(cfg))
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, (result.output[-3000:], result.exception)
-    assert "WARNING: 0 of 8 sampled answers pass in answer format answer_tags" in result.output
+    # the policy is named: its bracketed name printed as text, not taken for a style
+    assert "[tiny] WARNING: 0 of 8 sampled answers pass in answer format answer_tags" in result.output
     pr = json.loads((tmp_path / "run" / "summary.json").read_text())["policies"]["tiny"]["pass_rate_before_rl"]
     assert pr["problems"] == 8 and pr["passed"] == 0 and pr["no_signal"] == "GRPO has no signal on this task for " \
         "this policy"

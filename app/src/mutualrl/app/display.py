@@ -6,6 +6,7 @@ import time
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from typing_extensions import override
 
@@ -66,7 +67,8 @@ class LiveReporter(Reporter):
 
     @override
     def warn(self, text: str) -> None:
-        self.console.print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+        # the text is data, not markup: a policy's name in brackets ("[smollm2]") must print as it is
+        self.console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
     @override
     def step(self, step: int, total: int, records: list[dict]) -> None:
