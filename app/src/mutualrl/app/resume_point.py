@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from mutualrl.config import ConfigError, ExperimentConfig
+from mutualrl.runtime.outputs import read_metrics
 from mutualrl.services.learner.loop import restore_rng, rng_state, save_state
 
 RESUME_FILE = "resume.pt"
@@ -115,7 +116,6 @@ def keep_lines_until(path: Path, step: int) -> list[dict]:
     lines of later steps were trained before a stop and will be trained again."""
     if not path.is_file():
         return []
-    kept = [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-            if int(r.get("step", 0)) <= step]
+    kept = [r for r in read_metrics(path) if int(r.get("step", 0)) <= step]
     path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     return kept
