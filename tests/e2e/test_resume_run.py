@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import mutualrl.app.embedded as embedded
-from mutualrl.app.resume_point import RESUME_FILE, save_resume_point
+from mutualrl.app.resume_point import RESUME_FILE, config_fingerprint, save_resume_point
 from mutualrl.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_a_stopped_run_resumes_from_its_resume_point_and_ends_as_an_uninterrupte
 def test_a_resume_point_of_another_config_or_damaged_is_refused_in_one_line(tmp_path):
     out = tmp_path / "o"
     out.mkdir()
-    save_resume_point(out, load_config(ROOT / "examples" / "demo.yaml", SETS), 2, {}, {}, 0.0)
+    save_resume_point(out, config_fingerprint(load_config(ROOT / "examples" / "demo.yaml", SETS)), 2, {}, {}, 0.0)
     with pytest.raises(ConfigError, match="resume point of another config"):
         embedded.run_embedded(load_config(ROOT / "examples" / "demo.yaml", [*SETS, "algorithm.epsilon=1e-5"]), out)
     # how it is checkpointed or tracked is not part of what it trains
@@ -86,3 +86,18 @@ def test_a_resume_point_of_another_config_or_damaged_is_refused_in_one_line(tmp_
     with pytest.raises(ConfigError, match="cannot be read"):
         embedded.run_embedded(load_config(ROOT / "examples" / "demo.yaml", SETS), out)
     assert not (out / "metrics.jsonl").exists()  # refused before anything was written
+
+
+def test_settings_the_run_settles_after_loading_do_not_refuse_its_own_resume_point(tmp_path):
+    """Loading a pretrained model fills ``optim.lr`` by its size into the run's config; the resume point is of
+    the config as loaded, so the same config loaded again by a restarted run matches it."""
+    out = tmp_path / "o"
+    out.mkdir()
+    cfg = load_config(ROOT / "examples" / "demo.yaml", SETS)
+    resumption = embedded._Resumption(cfg, out)
+    for p in cfg.policies:  # as runtime.policy_setup does for a loaded model whose config sets no lr
+        p.optim.lr = 1e-5
+    resumption.after_step(2, {})
+    # the fingerprint matched: what is refused is the (empty) set of policies this bare resume point holds
+    with pytest.raises(ConfigError, match=r"holds policies \[\]"):
+        embedded._Resumption(load_config(ROOT / "examples" / "demo.yaml", SETS), out)

@@ -21,6 +21,7 @@ from transformers.utils import logging as hf_logging
 from mutualrl.app.resume_point import (
     PolicyResume,
     ResumePoint,
+    config_fingerprint,
     discard_resume_point,
     keep_lines_until,
     load_resume_point,
@@ -211,6 +212,7 @@ class _Resumption:
 
     def __init__(self, cfg: ExperimentConfig, out_dir: Path):
         self.cfg, self.out_dir = cfg, out_dir
+        self.fingerprint = config_fingerprint(cfg)  # the config as loaded: the run settles some settings later
         self.point = load_resume_point(out_dir, cfg)
         self.rl_before = self.point.rl_s if self.point is not None else 0.0
         self.rl_started = time.monotonic()
@@ -262,7 +264,7 @@ class _Resumption:
         every = self.cfg.checkpoint.resume_every
         if every and step % every == 0 and step < self.cfg.budget.steps:
             save_resume_point(
-                self.out_dir, self.cfg, step, {rt.name: rt.learner.state_dict() for rt in self.runtimes},
+                self.out_dir, self.fingerprint, step, {rt.name: rt.learner.state_dict() for rt in self.runtimes},
                 {rt.name: PolicyResume(rt.worker.total_rollouts, rt.warm_accuracy, rt.warm_steps, rt.pass_rate,
                                        last_eval[rt.name]) for rt in self.runtimes}, self.rl_s())
 

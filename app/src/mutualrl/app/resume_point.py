@@ -39,7 +39,10 @@ _NOT_FINGERPRINTED = ("checkpoint", "tracking", "output_dir")
 
 
 def config_fingerprint(cfg: ExperimentConfig) -> str:
-    """What a resume point must agree with: the config as loaded, less how it is checkpointed and tracked."""
+    """What a resume point must agree with: the config as loaded, less how it is checkpointed and tracked.
+    Taken before the run starts, and kept: loading the models settles settings the config left open
+    (``optim.lr`` by a model's size), and a fingerprint taken after that would never match the config as a
+    restarted run loads it."""
     data = cfg.model_dump(mode="json", by_alias=True)
     for k in _NOT_FINGERPRINTED:
         data.pop(k, None)
@@ -98,10 +101,11 @@ def load_resume_point(out_dir: Path, cfg: ExperimentConfig) -> ResumePoint | Non
                        rl_s=float(st.get("rl_s", 0.0)), rng=st["rng"])
 
 
-def save_resume_point(out_dir: Path, cfg: ExperimentConfig, step: int, learners: dict[str, dict],
+def save_resume_point(out_dir: Path, fingerprint: str, step: int, learners: dict[str, dict],
                       policies: dict[str, PolicyResume], rl_s: float) -> None:
-    """Write the resume point of ``step`` (atomically: the previous one stays until this one is whole)."""
-    state = {"config": config_fingerprint(cfg), "step": step, "learners": learners,
+    """Write the resume point of ``step`` for the config of ``fingerprint`` (:func:`config_fingerprint` of
+    the config as loaded), atomically: the previous one stays until this one is whole."""
+    state = {"config": fingerprint, "step": step, "learners": learners,
              "policies": {k: vars(v) for k, v in policies.items()}, "rl_s": rl_s, "rng": rng_state()}
     save_state(resume_path(out_dir), state, step)
 
