@@ -74,7 +74,7 @@ def timed_steps(steps: int, every: int | None, hidden: int, layers: int, state_d
         t = time.perf_counter()
         rec = learner.train_step(step, problems, commit=False)
         ledger[step] = learner.last_used
-        records.append(rec)
+        records.append(rec.to_dict())  # as the loop checkpoints them
         if every is not None and step % every == 0:
             rng_state = {"torch": torch.get_rng_state(), "python": random.getstate()}
             save_state(state_dir / "a.learner.state.pt",

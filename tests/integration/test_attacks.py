@@ -31,7 +31,7 @@ def test_a_foreign_producer_on_a_policys_own_stream_is_dead_lettered(arithmetic_
     ex.broker.publish("mutualrl:it:rollout:a", forged)  # onto a's own stream
     rec = learner.train_step(1, problems)
     assert learner.own.counts["dead_letter:wrong_producer"] == 1
-    assert len(learner.last_used["own"]) == 8 and rec["reward_mean"] == 0.0
+    assert len(learner.last_used["own"]) == 8 and rec.reward_mean == 0.0
 
 
 def test_forged_own_rewards_are_rescored_and_bad_rows_refused(arithmetic_task):
@@ -55,7 +55,7 @@ def test_forged_own_rewards_are_rescored_and_bad_rows_refused(arithmetic_task):
                               logprobs=[-0.5] * len(ids),
                               reward=reward, step=1, sample_index=i, group_size=8), "a")
     rec = learner.train_step(1, [p])  # no IndexError, no crash
-    assert rec["reward_mean"] == 0.0  # the claimed success is trained on as the failure it is
+    assert rec.reward_mean == 0.0  # the claimed success is trained on as the failure it is
     t = learner.totals
     assert t["own_rescored"] == 1
     assert t["own_rejected:too_long"] == 1
@@ -94,11 +94,11 @@ def test_a_lying_peer_is_quarantined_and_its_rows_never_reach_a_loss(arithmetic_
                                       reward=1.0, step=step, sample_index=i, group_size=4, finish_reason="stop",
                                       tokenizer_fingerprint=b_fp), "b")
         rec = a_learner.train_step(step, problems)
-        if quarantined_at is None and rec["peers_quarantined"]:
+        if quarantined_at is None and rec.peers_quarantined:
             quarantined_at = step
-            assert rec["reputation_events"][0]["peer"] == "b"
-            assert rec["peer_rows"] == 0
-            assert rec["peer_rejected"]["quarantined"] == 8
+            assert rec.reputation_events[0]["peer"] == "b"
+            assert rec.peer_rows == 0
+            assert rec.peer_rejected["quarantined"] == 8
     assert quarantined_at is not None and quarantined_at <= 3
     assert a_learner.totals["peer_quarantined"] == 1
 
@@ -137,8 +137,8 @@ def test_an_honest_peer_whose_rows_the_receiver_cannot_spell_is_never_quarantine
                                       logprobs=[-0.5] * len(ids), reward=0.0, step=step, sample_index=i,
                                       group_size=4, finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
         rec = a_learner.train_step(step, problems)
-        assert rec["peer_rejected"].get("thl_roundtrip") == 8, rec["peer_rejected"]
-        assert rec["peers_quarantined"] == [] and not rec.get("reputation_events")
+        assert rec.peer_rejected.get("thl_roundtrip") == 8, rec.peer_rejected
+        assert rec.peers_quarantined == [] and not rec.reputation_events
     assert a_learner.totals["peer_quarantined"] == 0
 
 
@@ -157,7 +157,7 @@ def test_a_peer_row_of_an_earlier_step_is_refused_as_late_not_as_an_unknown_prom
                               logprobs=[-0.5] * len(ids), reward=1.0, step=step, sample_index=0, group_size=4,
                               finish_reason="stop", tokenizer_fingerprint=b_fp), "b")
     rec = a_learner.train_step(2, now)
-    assert rec["peer_rejected"] == {"late": 1, "unknown_prompt": 1}
+    assert rec.peer_rejected == {"late": 1, "unknown_prompt": 1}
 
 
 def test_every_peer_refusal_is_dead_lettered_with_its_reason_and_logged(arithmetic_task, caplog):
@@ -191,8 +191,8 @@ def test_every_peer_refusal_is_dead_lettered_with_its_reason_and_logged(arithmet
     stale = success(problems[0], "46", step=1)                                    # two steps old: stale
     with caplog.at_level(logging.INFO, logger="mutualrl.learner.peer"):
         rec = learner.train_step(3, problems)
-    assert rec["rescue_count"] == 1
-    assert rec["peer_rejected"] == {"reverify_failed": 1, "text_mismatch": 1, "malformed": 1, "stale": 1}
+    assert rec.rescue_count == 1
+    assert rec.peer_rejected == {"reverify_failed": 1, "text_mismatch": 1, "malformed": 1, "stale": 1}
     letters = {}
     for e in ex.broker.recent(dead_letter_stream("mutualrl:it"), 100):
         reason, _, _, detail, _ = e.data.split(b"\x00", 4)

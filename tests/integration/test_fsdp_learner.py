@@ -93,7 +93,7 @@ def _train(rank: int, world: int, port: int, family: str, kind: str, rollouts: l
             for data in rollouts[step - 1]:
                 ex.publish(pb.Rollout.FromString(data), "a")
             rec = learner.train_step(step, _problems(step))
-            losses.append((rec["loss"], rec["grad_norm"], rec["updates"]))
+            losses.append((rec.loss, rec.grad_norm, rec.updates))
         state = full_state_dict(model)  # a collective: every rank gathers
         if rank == 0 and path is not None:
             torch.save({"losses": losses, "state": state}, path)

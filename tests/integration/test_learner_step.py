@@ -77,8 +77,8 @@ def test_grpo_step_raises_logprob_of_rewarded_completions(arithmetic_task):
     rolls = [r.payload for r in spy.poll()]
     before = copy.deepcopy(arts.model.state_dict())
     rec = learner.train_step(1, problems)
-    assert rec["reward_mean"] > 0 and rec["weights_version"] == 1
-    assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy: learner log-probs equal the sampler's
+    assert rec.reward_mean > 0 and rec.weights_version == 1
+    assert rec.ratio_mean == pytest.approx(1.0, abs=1e-4)  # on-policy: learner log-probs equal the sampler's
     assert any(not torch.equal(before[k], v) for k, v in arts.model.state_dict().items())
 
     # per-prompt advantage sign: rewarded completions gain log-prob, unrewarded lose it (on average)
@@ -112,7 +112,7 @@ def test_at_temperature_0_7_the_first_update_is_on_policy(arithmetic_task):
     problems = arithmetic_task.train[:8]
     worker.run_step(1, problems)
     rec = learner.train_step(1, problems)
-    assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and rec["clip_frac"] == 0.0
+    assert rec.ratio_mean == pytest.approx(1.0, abs=1e-4) and rec.clip_frac == 0.0
 
 
 def test_steps_without_a_mixed_group_are_counted_and_warned_about(arithmetic_task, caplog):
@@ -124,7 +124,7 @@ def test_steps_without_a_mixed_group_are_counted_and_warned_about(arithmetic_tas
         for step in (1, 2):
             worker.run_step(step, problems)
             rec = learner.train_step(step, problems)
-            runs.append((rec["signal_groups"], rec["no_signal_steps"]))
+            runs.append((rec.signal_groups, rec.no_signal_steps))
     assert runs == [(0, 1), (0, 2)]
     warned = [r for r in caplog.records if "GRPO has no signal" in r.getMessage()]
     assert len(warned) == 1 and warned[0].levelname == "WARNING" and "2 steps in a row" in warned[0].getMessage()
@@ -151,10 +151,10 @@ def test_sgt_rescues_cross_tokenizers_and_rejects_false_claims(arithmetic_task):
                                       logprobs=[-0.5] * len(ids), reward=1.0, step=1, tokenizer_fingerprint=b_fp), "b")
     a_learner.intake.verifier = ExactMatchVerifier()  # the receiver's own exact verifier re-checks claims
     rec = a_learner.train_step(1, problems)
-    assert rec["rescue_count"] == 1
-    assert rec["peer_rejected"] == {"reverify_failed": 1}
-    assert rec["sgt_nll"] is not None and rec["sgt_nll"] > 0
-    assert rec["thl_residual"] == 0.0
+    assert rec.rescue_count == 1
+    assert rec.peer_rejected == {"reverify_failed": 1}
+    assert rec.extra["sgt_nll"] is not None and rec.extra["sgt_nll"] > 0
+    assert rec.thl_residual == 0.0
 
 
 def test_a_banked_peer_success_rescues_its_prompt_when_it_comes_up_steps_later(arithmetic_task):
@@ -181,12 +181,12 @@ def test_a_banked_peer_success_rescues_its_prompt_when_it_comes_up_steps_later(a
     a_learner.intake.verifier = ExactMatchVerifier()
     own_all_fail(now, 1)
     rec = a_learner.train_step(1, [now])  # the success is for another prompt: banked, not rejected
-    assert rec["bank_successes"] == 1 and rec["bank_released"] == 0 and rec["rescue_count"] == 0
-    assert rec["peer_rejected"] == {}
+    assert rec.extra["bank_successes"] == 1 and rec.extra["bank_released"] == 0 and rec.rescue_count == 0
+    assert rec.peer_rejected == {}
     own_all_fail(later, 3)
     rec = a_learner.train_step(3, [later])  # two steps later (over max_version_lag 1), its prompt comes up
-    assert rec["bank_released"] == 1 and rec["bank_successes"] == 0
-    assert rec["rescue_count"] == 1 and rec["sgt_nll"] > 0
+    assert rec.extra["bank_released"] == 1 and rec.extra["bank_successes"] == 0
+    assert rec.rescue_count == 1 and rec.extra["sgt_nll"] > 0
     assert a_learner.last_used["peer"] == []  # acknowledged when banked, at step 1: not listed twice
 
 
@@ -197,10 +197,10 @@ def test_learner_waits_for_its_deadline_then_trains_on_what_arrived(arithmetic_t
     problems = arithmetic_task.train[:4]
     worker.run_step(1, problems[:2])  # only half of the expected rollouts ever arrive
     rec = learner.train_step(1, problems)
-    assert rec["weights_version"] == 1 and rec["reward_mean"] >= 0
+    assert rec.weights_version == 1 and rec.reward_mean >= 0
     # nothing at all arrives: the step is skipped instead of deadlocking
     rec = learner.train_step(2, problems)
-    assert rec.get("skipped") is True
+    assert rec.skipped is True
 
 
 def _own_all_fail(ex, arts, problems, step=1):
@@ -246,16 +246,16 @@ def test_peer_rollouts_are_converted_reverified_and_bad_ones_counted(arithmetic_
     for m in bad:
         ex.publish(m, "b")
     rec = a_learner.train_step(1, problems)
-    assert rec["peer_rows"] == 16 and rec["shared_in"] == 16
-    assert rec["peer_rejected"] == {"malformed": 1, "unknown_prompt": 1, "unknown_tokenizer": 1}
-    assert rec["thl_residual"] == 0.0 and rec["thl_non_canonical"] == 0
-    assert torch.isfinite(torch.tensor(rec["loss"]))
+    assert rec.peer_rows == 16 and rec.shared_in == 16
+    assert rec.peer_rejected == {"malformed": 1, "unknown_prompt": 1, "unknown_tokenizer": 1}
+    assert rec.thl_residual == 0.0 and rec.thl_non_canonical == 0
+    assert torch.isfinite(torch.tensor(rec.loss))
     if mode == "hacpo":
-        assert rec["cross_rows"] == 16 and rec["self_rows"] == 16
+        assert rec.extra["cross_rows"] == 16 and rec.extra["self_rows"] == 16
         # own capability 0, peer 1/8: the floor keeps ω finite and the ratio clip bounds it at 10
-        assert rec["omega_mean"] == pytest.approx(10.0)
+        assert rec.extra["omega_mean"] == pytest.approx(10.0)
     if mode == "prp":
-        assert rec["peer_weight_mean"] > 0
+        assert rec.extra["peer_weight_mean"] > 0
 
 
 def test_forged_peer_reward_is_rescored_by_the_receiver(arithmetic_task):
@@ -286,9 +286,9 @@ def test_xgrpo_uses_peer_stats_and_rejects_invalid_ones(arithmetic_task):
     ex.publish(pb.AdvantageStats(prompt_id=problems[1].prompt_id, step=1, count=8, mean=float("nan"), std=0.1,
                                  success_rate=0.5), "b")
     rec = a_learner.train_step(1, problems)
-    assert rec["shared_in"] == 1 and rec["peer_rejected"] == {"invalid_stats": 1}
+    assert rec.shared_in == 1 and rec.peer_rejected == {"invalid_stats": 1}
     # the all-fail own group on prompt 0 got a negative advantage (GRPO would give 0): the update moved
-    assert rec["grad_norm"] > 0 and rec["xgrpo_baseline_mean"] > 0
+    assert rec.grad_norm > 0 and rec.extra["xgrpo_baseline_mean"] > 0
 
 
 class _Everything(ExactMatchVerifier):
@@ -310,7 +310,7 @@ def test_no_optimiser_step_without_gradient_signal(arithmetic_task):
     before = copy.deepcopy(arts.model.state_dict())
     rec = learner.train_step(2, problems)
     assert all(torch.equal(before[k], v) for k, v in arts.model.state_dict().items())
-    assert rec["empty_updates"] == rec["updates"] >= 1
+    assert rec.empty_updates == rec.updates >= 1
 
 
 def test_learning_rate_warms_up_linearly_from_the_step(arithmetic_task):
@@ -349,8 +349,8 @@ def test_step_reads_device_values_back_once(arithmetic_task, minibatch_rows):
     worker.run_step(1, problems)
     with _HostReads() as reads:
         rec = learner.train_step(1, problems)
-    assert rec["updates"] == (1 if minibatch_rows is None else 4)
-    assert rec["loss"] is not None and rec["grad_norm"] > 0 and isinstance(rec["clip_frac"], float)
+    assert rec.updates == (1 if minibatch_rows is None else 4)
+    assert rec.loss is not None and rec.grad_norm > 0 and isinstance(rec.clip_frac, float)
     assert reads.count == 1
 
 

@@ -183,7 +183,7 @@ class _KillAtStep(Reporter):
     def __init__(self, server: MlflowServer, at: int):
         self.server, self.at, self.warnings = server, at, []
 
-    def step(self, step, total, records):
+    def step(self, step, total, records, last_eval):
         if step == self.at:
             self.server.stop()
 

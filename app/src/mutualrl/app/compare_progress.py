@@ -15,6 +15,7 @@ from rich.table import Table
 from typing_extensions import override
 
 from mutualrl.app.embedded import Reporter, run_embedded
+from mutualrl.services.learner import StepRecord
 
 PROGRESS_FILE = "progress.log"
 
@@ -38,7 +39,7 @@ class FileReporter(Reporter):
         self._write(text)
 
     @override
-    def step(self, step: int, total: int, records: list[dict]) -> None:
+    def step(self, step: int, total: int, records: list[StepRecord], last_eval: dict[str, float]) -> None:
         self._write(f"step {step}/{total}")
 
 

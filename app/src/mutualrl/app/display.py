@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from mutualrl.app.embedded import Reporter
 from mutualrl.config import ExperimentConfig
+from mutualrl.services.learner import StepRecord
 
 
 class LiveReporter(Reporter):
@@ -33,23 +34,20 @@ class LiveReporter(Reporter):
         if self.live:
             self.live.__exit__(*exc)
 
-    def _render(self, records: list[dict], step: int, total: int) -> Table:
+    def _render(self, records: list[StepRecord], last_eval: dict[str, float], step: int, total: int) -> Table:
         t = Table(title=f"{self.cfg.name} · sharing={self.cfg.sharing.describe()} · step {step}/{total} · "
                   f"{time.monotonic() - self.t0:.0f}s · {self._phase}")
         for col in ("policy", "reward", "loss", "clip", "rescues", "thl u", "held-out acc"):
             t.add_column(col)
-        evals = {r["policy"]: r["last_eval"] for r in records if "last_eval" in r}
         for r in records:
-            if "last_eval" in r:
-                continue
             t.add_row(
-                r["policy"],
-                f"{r.get('reward_mean', 0):.3f}",
-                f"{r.get('loss', 0):+.4f}",
-                f"{r.get('clip_frac', 0):.3f}",
-                str(r.get("rescue_count", 0)),
-                f"{r.get('thl_residual', 0):.3f}",
-                f"{evals.get(r['policy'], float('nan')):.1%}",
+                r.policy,
+                f"{r.reward_mean:.3f}",
+                f"{r.loss:+.4f}",
+                f"{r.clip_frac or 0:.3f}",
+                str(r.rescue_count),
+                f"{r.thl_residual:.3f}",
+                f"{last_eval.get(r.policy, float('nan')):.1%}",
             )
         return t
 
@@ -57,7 +55,7 @@ class LiveReporter(Reporter):
     def phase(self, text: str) -> None:
         self._phase = text
         if self.live:
-            self.live.update(self._render([], 0, self.cfg.budget.steps))
+            self.live.update(self._render([], {}, 0, self.cfg.budget.steps))
         else:
             self.console.print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", highlight=False, markup=False)
 
@@ -71,17 +69,15 @@ class LiveReporter(Reporter):
         self.console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
     @override
-    def step(self, step: int, total: int, records: list[dict]) -> None:
+    def step(self, step: int, total: int, records: list[StepRecord], last_eval: dict[str, float]) -> None:
         if self.live:
             self._phase = "training"
-            self.live.update(self._render(records, step, total))
+            self.live.update(self._render(records, last_eval, step, total))
             return
-        evals = {r["policy"]: r["last_eval"] for r in records if "last_eval" in r}
         parts = [
-            f"{r['policy']}: reward {r.get('reward_mean', 0):.3f} rescues {r.get('rescue_count', 0)} acc "
-            f"{evals.get(r['policy'], float('nan')):.1%}"
+            f"{r.policy}: reward {r.reward_mean:.3f} rescues {r.rescue_count} acc "
+            f"{last_eval.get(r.policy, float('nan')):.1%}"
             for r in records
-            if "last_eval" not in r
         ]
         head = f"[{time.monotonic() - self.t0:6.1f}s] step {step}/{total}"
         self.console.print(f"{head} | " + " | ".join(parts), highlight=False, markup=False)

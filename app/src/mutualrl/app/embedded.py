@@ -47,7 +47,7 @@ from mutualrl.runtime.policy_setup import (
     pass_rate_before_rl,
     prepare_policy,
 )
-from mutualrl.services.learner import Learner, TokenizerRegistry
+from mutualrl.services.learner import Learner, SampledStep, StepRecord, TokenizerRegistry
 from mutualrl.services.learner.loop import LearnerLoop
 from mutualrl.services.learner.setup import make_learner
 from mutualrl.services.rollout import RolloutWorker
@@ -100,8 +100,8 @@ class Reporter:
     def phase(self, text: str) -> None:
         """A phase of the run started (building, warm start, evaluation)."""
 
-    def step(self, step: int, total: int, records: list[dict]) -> None:
-        """Step ``step`` of ``total`` finished with these records."""
+    def step(self, step: int, total: int, records: list[StepRecord], last_eval: dict[str, float]) -> None:
+        """Step ``step`` of ``total`` finished with these records; each policy's last held-out accuracy."""
 
     def note(self, text: str) -> None:
         """A line worth keeping on screen (where to watch the run)."""
@@ -148,7 +148,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
 
 
 def _sample_ahead(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor, step: int,
-                  sampled: dict[int, dict[str, dict]], first: int = 1) -> None:
+                  sampled: dict[int, dict[str, SampledStep]], first: int = 1) -> None:
     """Sample every step up to ``step + async.max_staleness`` not sampled yet (docs/algorithms.md §6): with k = 0
     only ``step``, with the previous step's weights; with k > 0 the rollouts of step s are sampled with the
     weights of step s−1−k — the lag a pipelined service reaches once generation and training overlap."""
@@ -159,8 +159,8 @@ def _sample_ahead(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distribu
         for rt in runtimes:
             t0 = time.monotonic()
             roll = rt.worker.run_step(s, problems)
-            sampled[s][rt.name] = {"rollouts": rt.worker.total_rollouts, "shared_out": roll.successes_published,
-                                   "gen_s": time.monotonic() - t0}
+            sampled[s][rt.name] = SampledStep(rt.worker.total_rollouts, roll.successes_published,
+                                              time.monotonic() - t0)
 
 
 def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor,
@@ -171,8 +171,8 @@ def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: Pr
     ``after_step(step, last_eval)`` once every policy trained the step (a resume point). Returns each
     policy's last held-out accuracy."""
     rep.phase("training" if first == 1 else f"training from step {first}")
-    recent: list[dict] = []
-    sampled: dict[int, dict[str, dict]] = {}  # step -> policy -> what its rollout side measured
+    recent: list[StepRecord] = []
+    sampled: dict[int, dict[str, SampledStep]] = {}  # step -> policy -> what its rollout side measured
     for step in range(first, cfg.budget.steps + 1):
         _sample_ahead(cfg, runtimes, distributor, step, sampled, first)
         problems = distributor.batch(step)
@@ -180,11 +180,11 @@ def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: Pr
         for rt in runtimes:
             rec = rt.loop.step(step, problems, sampled[step][rt.name]).record
             followers[rt.name].load_newest()
-            if "eval_accuracy" in rec:
-                last_eval[rt.name] = rec["eval_accuracy"]
-            writer.write(rec)
+            if rec.eval_accuracy is not None:
+                last_eval[rt.name] = rec.eval_accuracy
+            writer.write(rec.to_dict())
             recent.append(rec)
-        rep.step(step, cfg.budget.steps, recent + [{"policy": n, "last_eval": a} for n, a in last_eval.items()])
+        rep.step(step, cfg.budget.steps, recent, last_eval)
         after_step(step, last_eval)
     return last_eval
 

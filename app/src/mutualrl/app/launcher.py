@@ -48,6 +48,7 @@ from mutualrl.runtime.serve_args import serve_argv
 from mutualrl.see.acl import ServiceUser, acl_file
 from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
 from mutualrl.see.server import RedisServer, free_port
+from mutualrl.services.learner import StepRecord
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.local import LocalPlan, plan_local
 from mutualrl.services.mwra.planner import PlanningError
@@ -288,12 +289,12 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
     writer = MetricsWriter(out / "metrics.jsonl")
     for name, (acc, *_rest) in starts.items():
         writer.write({"step": 0, "policy": name, "rollouts": 0, "eval_accuracy": acc, "phase": "warm_start"})
-    per_policy: dict[str, dict[int, dict]] = {}
+    per_policy: dict[str, dict[int, StepRecord]] = {}
     for p in cfg.policies:
         path = out / "services" / f"{p.name}.metrics.jsonl"
         for line in path.read_text().splitlines() if path.is_file() else []:
-            rec = json.loads(line)
-            per_policy.setdefault(p.name, {})[int(rec["step"])] = rec
+            rec = StepRecord.from_dict(json.loads(line))
+            per_policy.setdefault(p.name, {})[rec.step] = rec
     shared_out: dict[tuple[str, int], int] = {}
     for p in cfg.policies:
         path = out / "services" / f"{p.name}.rollout.ledger.jsonl"
@@ -308,12 +309,12 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
             if rec is None:
                 continue
             # counted by the learner, not assumed
-            rollouts[p.name] = rollouts.get(p.name, 0) + int(rec.get("own_rollouts") or 0)
-            rec["rollouts"] = rollouts[p.name]
-            rec["shared_out"] = shared_out.get((p.name, step), 0)
-            if "eval_accuracy" in rec:
-                final[p.name] = rec["eval_accuracy"]
-            writer.write(rec)
+            rollouts[p.name] = rollouts.get(p.name, 0) + rec.own_rollouts
+            rec.rollouts = rollouts[p.name]
+            rec.shared_out = shared_out.get((p.name, step), 0)
+            if rec.eval_accuracy is not None:
+                final[p.name] = rec.eval_accuracy
+            writer.write(rec.to_dict())
     writer.close()
     records = read_metrics(out / "metrics.jsonl")
     plot_curves(records, out / "curves.png", title=f"{cfg.name} — sharing: {cfg.sharing.describe()} (services)")
@@ -324,8 +325,8 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
                 source=src, params=params, warm_start_steps=ws_steps, warm_start_accuracy=acc,
                 final_accuracy=final[name],
                 rollouts=rollouts.get(name, 0),
-                rescue_count=sum(r.get("rescue_count") or 0 for r in per_policy.get(name, {}).values()),
-                peer_rejections=_sum_counts(r.get("peer_rejected") or {} for r in per_policy.get(name, {}).values()),
+                rescue_count=sum(r.rescue_count for r in per_policy.get(name, {}).values()),
+                peer_rejections=_sum_counts(r.peer_rejected for r in per_policy.get(name, {}).values()),
                 restarts={k: v for k, v in restarts.items() if k.startswith(name + ".")},
                 **({"pass_rate_before_rl": pass_rate} if pass_rate is not None else {}),
             )

@@ -30,6 +30,7 @@ from mutualrl.services.learner.peer_experience import (
 )
 from mutualrl.services.learner.peer_gathering import PeerGathering
 from mutualrl.services.learner.settings import LearnerSettings
+from mutualrl.services.learner.step_record import STEP_FIELDS, StepRecord
 from mutualrl.services.learner.update import PolicyUpdate, StepInputs, UpdateResult
 from mutualrl.tasks import Problem
 from mutualrl.weights import WeightSender
@@ -172,7 +173,7 @@ class Learner:
         self.weights.publish(step, weights)
 
     def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None,
-                   while_waiting=None) -> dict:
+                   while_waiting=None) -> StepRecord:
         """One step. With ``commit=False`` the messages it used stay unacknowledged until
         :meth:`commit` (a service commits after checkpointing, for lossless resume).
         ``before_update(inputs)`` is called with the gathered :class:`StepInputs` before the
@@ -188,7 +189,7 @@ class Learner:
         stages = {"wait": t_ready - t0, "logprob": 0.0, "train": 0.0, "weight_sync": 0.0}
         own = self.own_intake.rescore(own, by_id, self.intake.verifier, self.totals)
         if not own:
-            return {"step": step, "policy": self.policy, "skipped": True, "train_s": time.monotonic() - t0}
+            return StepRecord(step, self.policy, skipped=True, train_s=time.monotonic() - t0)
         own.sort(key=lambda r: (r.payload.prompt_id, r.payload.sample_index))
         metrics: dict = {}
 
@@ -251,7 +252,7 @@ class Learner:
 
     def _record(self, step: int, rows: Rows, own: list[Received], intake: IntakeResult, rescues: list, gate_open,
                 metrics: dict,
-                update: UpdateResult, stages: dict, t0: float) -> dict:
+                update: UpdateResult, stages: dict, t0: float) -> StepRecord:
         """The step's metrics record (and the running totals)."""
         losses, grad_norms, per_mb = update.losses, update.grad_norms, update.per_minibatch
         for k, v in intake.rejected.items():
@@ -282,44 +283,42 @@ class Learner:
                         "%.2f): GRPO has no signal; check the answer format and prompt style (mutualrl probe)",
                         self.policy, run, step, sum(rows.reward[i] for i in range(len(rows)) if rows.kind[i] == OWN)
                         / max(1, len(own)))
-        record = {
-            "step": step,
-            "policy": self.policy,
-            "reward_mean": sum(rows.reward[i] for i in range(len(rows)) if rows.kind[i] == OWN) / len(own),
-            "loss": sum(losses) / len(losses),
-            "kl": kl_value if kl_value is not None else 0.0,
-            "clip_frac": clip_frac,
-            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-            "updates": update.updates,
-            "empty_updates": update.empty_updates,
-            "shared_in": shared_in,
-            "peer_rows": peer_used,
-            "own_rollouts": len(own),
-            "peer_candidates": len(intake.rescues) + len(intake.rows) + sum(len(v) for v in intake.stats.values()),
-            "peer_rejected": dict(intake.rejected),
-            "peer_rescored": intake.rescored,
-            "peers_quarantined": sorted(p for p in set(intake.claims) if self.peer_in.reputation.quarantined(p)),
-            "reputation_events": [{"peer": e.peer, "action": e.action,
-                                   "failure_rate": round(e.failure_rate, 3)} for e in self.peer_in.events],
-            "rescue_count": len(rescues),
-            "gate_open": gate_open,
-            "signal_groups": signal_groups,
-            "no_signal_steps": self.totals["no_signal_run"],
+        return StepRecord(
+            step=step,
+            policy=self.policy,
+            reward_mean=sum(rows.reward[i] for i in range(len(rows)) if rows.kind[i] == OWN) / len(own),
+            loss=sum(losses) / len(losses),
+            kl=kl_value if kl_value is not None else 0.0,
+            clip_frac=clip_frac,
+            grad_norm=grad_norm if math.isfinite(grad_norm) else None,
+            updates=update.updates,
+            empty_updates=update.empty_updates,
+            shared_in=shared_in,
+            peer_rows=peer_used,
+            own_rollouts=len(own),
+            peer_candidates=len(intake.rescues) + len(intake.rows) + sum(len(v) for v in intake.stats.values()),
+            peer_rejected=dict(intake.rejected),
+            peer_rescored=intake.rescored,
+            peers_quarantined=sorted(p for p in set(intake.claims) if self.peer_in.reputation.quarantined(p)),
+            reputation_events=[{"peer": e.peer, "action": e.action,
+                                "failure_rate": round(e.failure_rate, 3)} for e in self.peer_in.events],
+            rescue_count=len(rescues),
+            gate_open=gate_open,
+            signal_groups=signal_groups,
+            no_signal_steps=self.totals["no_signal_run"],
             **intake.residual_summary(),
-            "weights_version": self.version,
-            "ratio_mean": metrics.pop("ratio_mean", None),
-            "train_s": time.monotonic() - t0,
-            "stage_seconds": stages,
-            "weights_bytes": getattr(self.weights.sender, "last_bytes", 0) or self.weights_bytes,
-            "learner_state_bytes": self.updater.state_bytes(),
-            "tokens": int(sum(len(c) for c in rows.token_ids)),
-            **{k: metrics.pop(k, None) for k in record_keys()},  # every mode's fields, None where this mode has none
-        }
-        for k, v in metrics.items():
-            record.setdefault(k, v)
-        if self.s.record_edges:
-            record["edges"] = self.last_edges
-        return record
+            weights_version=self.version,
+            ratio_mean=metrics.pop("ratio_mean", None),
+            stage_seconds=stages,
+            weights_bytes=getattr(self.weights.sender, "last_bytes", 0) or self.weights_bytes,
+            learner_state_bytes=self.updater.state_bytes(),
+            tokens=int(sum(len(c) for c in rows.token_ids)),
+            # every mode's fields (None where this mode has none), then the step's diagnostics
+            extra={**{k: metrics.pop(k, None) for k in record_keys()},
+                   **{k: v for k, v in metrics.items() if k not in STEP_FIELDS}},
+            edges=self.last_edges if self.s.record_edges else None,
+            train_s=time.monotonic() - t0,
+        )
 
     def _edge_counts(self, rows: Rows, intake: IntakeResult, rescues: list) -> dict[str, dict[str, int]]:
         """Per incoming sharing edge (keyed ``source->receiver``): messages offered, rows and stats used, messages

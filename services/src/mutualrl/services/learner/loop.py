@@ -36,6 +36,7 @@ import torch
 from mutualrl.models.sharding import full_state_dict
 from mutualrl.runtime.faults import fault_point
 from mutualrl.services.learner.learner import Learner
+from mutualrl.services.learner.step_record import SampledStep, StepRecord
 from mutualrl.tasks import Problem
 
 
@@ -91,8 +92,8 @@ class Checkpoints:
 class StepOutcome:
     """What one step of the loop gave: its record, and the records now covered by a checkpoint
     (to be written to the metrics file; on a run without checkpoints, the step's own)."""
-    record: dict
-    durable: list[dict] = field(default_factory=list)
+    record: StepRecord
+    durable: list[StepRecord] = field(default_factory=list)
     checkpoint_s: float | None = None  # seconds the step's checkpoint took, when it wrote one
 
 
@@ -114,8 +115,8 @@ class LearnerLoop:
         self.rank = rank
         self.policy = learner.policy
         self.ledger: dict[int, dict[str, list[str]]] = {}  # message ids each checkpointed step used
-        self.records: list[dict] = []  # the records of every checkpointed step (replayed into the file on resume)
-        self._unsaved: list[dict] = []  # records of the steps since the last checkpoint
+        self.records: list[StepRecord] = []  # every checkpointed step's (replayed into the file on resume)
+        self._unsaved: list[StepRecord] = []  # records of the steps since the last checkpoint
 
     # ---- resume ----------------------------------------------------------
     def resume(self) -> int:
@@ -126,7 +127,8 @@ class LearnerLoop:
         if cp is not None and cp.path.is_file():
             st = torch.load(cp.path, weights_only=False)
             self._restore(st)
-            self.ledger, self.records = st.get("ledger", {}), st.get("records", [])
+            self.ledger = st.get("ledger", {})
+            self.records = [StepRecord.from_dict(r) for r in st.get("records", [])]
             done = int(st["step"])
             self.learner.consumed = {mid for used in self.ledger.values() for ids in used.values() for mid in ids}
         self.lockstep.send("resume", done)
@@ -149,23 +151,21 @@ class LearnerLoop:
         restore_rng(st["rng"])
 
     # ---- one step --------------------------------------------------------
-    def step(self, step: int, problems: list[Problem], rollout: dict | None = None, while_waiting=None) -> StepOutcome:
-        """Train one step (and evaluate and checkpoint when due). ``rollout`` holds what the
-        rollout side measured in the same process (the embedded run: ``rollouts``, ``shared_out``,
-        ``gen_s``), merged into the record; its ``gen_s`` counts in the step's seconds."""
+    def step(self, step: int, problems: list[Problem], rollout: SampledStep | None = None,
+             while_waiting=None) -> StepOutcome:
+        """Train one step (and evaluate and checkpoint when due). ``rollout`` is what the rollout side
+        measured in the same process (the embedded run), added to the record; its sampling seconds count
+        in the step's."""
         learner = self.learner
         rec = learner.train_step(step, problems, commit=self.checkpoints is None,
                                  before_update=lambda inputs: self.lockstep.send("step", inputs),
                                  while_waiting=while_waiting)
-        skipped = bool(rec.get("skipped"))
-        rollout = rollout or {}
-        rec.update(rollout)
-        rec["step_s"] = rollout.get("gen_s", 0.0) + rec.pop("train_s", 0.0)
-        rec["wall_time"] = time.time()
-        if not skipped and (step % self.eval_every == 0 or step == self.steps):
+        rec.sampled(rollout)
+        rec.wall_time = time.time()
+        if not rec.skipped and (step % self.eval_every == 0 or step == self.steps):
             self.lockstep.send("eval")
-            rec["eval_accuracy"] = self.evaluate(step)
-        self.ledger[step] = learner.last_used if not skipped else {"own": [], "peer": []}
+            rec.eval_accuracy = self.evaluate(step)
+        self.ledger[step] = learner.last_used if not rec.skipped else {"own": [], "peer": []}
         self._unsaved.append(rec)
         if self.checkpoints is None:
             return StepOutcome(rec, self._take_unsaved())
@@ -181,7 +181,7 @@ class LearnerLoop:
         fault_point("after_ack", step, self.checkpoints.path.parent, self.policy)
         return StepOutcome(rec, self._take_unsaved(), checkpoint_s)
 
-    def _take_unsaved(self) -> list[dict]:
+    def _take_unsaved(self) -> list[StepRecord]:
         durable, self._unsaved = self._unsaved, []
         self.records += durable
         return durable
@@ -199,7 +199,7 @@ class LearnerLoop:
         """This rank's checkpoint of ``step`` (rank 0's also holds the ledger and the records)."""
         state = {"learner": self.learner.state_dict(), "step": step, "rng": rng_state()}
         if self.rank == 0:
-            state.update(ledger=self.ledger, records=self.records + self._unsaved)
+            state.update(ledger=self.ledger, records=[r.to_dict() for r in self.records + self._unsaved])
         save_state(self.checkpoints.path, state, step, self.policy)
 
     def publish(self, step: int) -> None:

@@ -10,6 +10,7 @@ from mutualrl.runtime.stage_metrics import StageMetrics
 from mutualrl.see import ExperienceExchange, SeeCollector
 from mutualrl.services.learner.hinted_rescue import EDGE_COUNTS, HINT_REFUSALS
 from mutualrl.services.learner.learner import Learner
+from mutualrl.services.learner.step_record import StepRecord
 
 PEER_REJECTION_REASONS = (
     "stale", "late", "unknown_prompt", "prompt_mismatch", "text_mismatch", "reverify_failed", "quarantined",
@@ -122,33 +123,33 @@ class LearnerMetrics:
         if lag is not None:
             self.stale.labels(self.policy, "learner").set(max(0, lag))
 
-    def observe(self, rec: dict, learner: Learner) -> None:
+    def observe(self, rec: StepRecord, learner: Learner) -> None:
         """One trained step's record (skipped steps count only as skipped)."""
         p = self.policy
-        if rec.get("skipped"):
+        if rec.skipped:
             self.skipped.labels(p).inc()
             return
-        for src, h in (rec.get("thl_by_source") or {}).items():
+        for src, h in rec.thl_by_source.items():
             self.thl_unaligned.labels(p, src).set(h["unaligned_mean"])
             self.thl_logprob.labels(p, src).set(h["logprob_residual_mean"])
             self.thl_length.labels(p, src).set(h["length_ratio_mean"])
             self.roundtrip.labels(p, src).inc(h["roundtrip_failures"])
             self.thl_messages.labels(p, src).inc(h["messages"])
-        self.rescues.labels(p).inc(rec.get("rescue_count") or 0)
-        self.empty_updates.labels(p).inc(rec.get("empty_updates") or 0)
-        self.weights_bytes.labels(p).set(rec.get("weights_bytes") or 0)
-        self.sync.labels(p, "learner").set((rec.get("stage_seconds") or {}).get("weight_sync") or 0.0)
-        if rec.get("eval_accuracy") is not None:
-            self.accuracy.labels(p).set(rec["eval_accuracy"])
-        self.reward.labels(p).set(rec["reward_mean"])
-        self.no_signal.labels(p).set(rec.get("no_signal_steps") or 0)
+        self.rescues.labels(p).inc(rec.rescue_count)
+        self.empty_updates.labels(p).inc(rec.empty_updates)
+        self.weights_bytes.labels(p).set(rec.weights_bytes)
+        self.sync.labels(p, "learner").set(rec.stage_seconds.get("weight_sync") or 0.0)
+        if rec.eval_accuracy is not None:
+            self.accuracy.labels(p).set(rec.eval_accuracy)
+        self.reward.labels(p).set(rec.reward_mean)
+        self.no_signal.labels(p).set(rec.no_signal_steps)
         self.rollouts.labels(p).inc(len(learner.last_used.get("own", [])))
-        self.shared_in.labels(p).inc(rec.get("shared_in", 0))
-        for reason, n in (rec.get("peer_rejected") or {}).items():
+        self.shared_in.labels(p).inc(rec.shared_in)
+        for reason, n in rec.peer_rejected.items():
             self.rejected.labels(p, reason).inc(n)
-        for reason, n in (rec.get("hint_refused") or {}).items():
+        for reason, n in (rec.extra.get("hint_refused") or {}).items():
             self.hint_refused.labels(p, reason).inc(n)
-        self.rescored.labels(p).inc(rec.get("peer_rescored") or 0)
+        self.rescored.labels(p).inc(rec.peer_rescored)
         for key, n in list(learner.totals.items()):
             if key.startswith("own_rejected:") or key in ("own_duplicate", "own_rescored"):
                 done = self._own_reported.get(key, 0)
@@ -161,6 +162,6 @@ class LearnerMetrics:
             source = edge.split("->", 1)[0]
             for event, n in counts.items():
                 self.edges.labels(p, source, event).inc(n)
-        for ev in rec.get("reputation_events") or []:
+        for ev in rec.reputation_events:
             self.quarantines.labels(p, ev["peer"], ev["action"]).inc()
             self.quarantined.labels(p, ev["peer"]).set(1 if ev["action"] == "quarantined" else 0)

@@ -25,6 +25,7 @@ from mutualrl.services.learner.loop import Checkpoints, LearnerLoop
 from mutualrl.services.learner.metrics import LearnerMetrics
 from mutualrl.services.learner.ranks import RankGroup, init_group, learner_world, rank_argv, rank_device
 from mutualrl.services.learner.setup import learner_transport, service_learner
+from mutualrl.services.learner.step_record import StepRecord
 from mutualrl.tracking import open_tracker
 from mutualrl.tracking.identity import run_info
 from mutualrl.v1 import experience_pb2 as pb
@@ -32,10 +33,10 @@ from mutualrl.weights.deltas import DeltaSender
 from mutualrl.weights.shm import ShmSender
 
 
-def _write_missing(path, records: list[dict]) -> None:
+def _write_missing(path, records: list[StepRecord]) -> None:
     """Append the checkpoint's records the metrics file lacks (a crash after the checkpoint,
     before they were written), and drop records of steps after it (they are redone)."""
-    done = max((r["step"] for r in records), default=0)
+    done = max((r.step for r in records), default=0)
     kept, have = [], set()
     if path.is_file():
         for line in path.read_text().splitlines():
@@ -46,7 +47,7 @@ def _write_missing(path, records: list[dict]) -> None:
             if rec.get("step", 0) <= done and rec.get("step") not in have:
                 kept.append(line)
                 have.add(rec.get("step"))
-    kept += [json.dumps(r) for r in records if r["step"] not in have]
+    kept += [json.dumps(r.to_dict()) for r in records if r.step not in have]
     path.write_text("".join(line + "\n" for line in kept))
 
 
@@ -136,16 +137,17 @@ class LearnerService:
         """A trained step's durable records to the metrics file and the tracker, its heartbeat, metrics and log."""
         ctx, learner, rec = self.ctx, self.learner, out.record
         if out.durable:
-            self.metrics_file.writelines(json.dumps(r) + "\n" for r in out.durable)
+            lines = [r.to_dict() for r in out.durable]
+            self.metrics_file.writelines(json.dumps(r) + "\n" for r in lines)
             self.metrics_file.flush()
-            for r in out.durable:
+            for r in lines:
                 self.tracker.log(r)
-        stages = {k: v for k, v in (rec.get("stage_seconds") or {}).items() if k != "wait"}
+        stages = {k: v for k, v in rec.stage_seconds.items() if k != "wait"}
         if out.checkpoint_s is not None:
             stages["checkpoint"] = out.checkpoint_s
-        self.metrics.stages.observe(stages, rec.get("tokens", 0))
+        self.metrics.stages.observe(stages, rec.tokens)
         ctx.exchange.publish(pb.Heartbeat(role="learner", step=step, version=learner.version, status="ok",
-                                          stage_seconds=stages, tokens=rec.get("tokens", 0)),
+                                          stage_seconds=stages, tokens=rec.tokens),
                              f"{ctx.policy_cfg.name}.learner")
         self.step = step
         self.metrics.position(step, learner.version, self._peer_lag())
@@ -215,7 +217,7 @@ def _resender(service: LearnerService):
 def _close_tracker(tracker, loop: LearnerLoop, step: int, log) -> None:
     """The policy's final numbers to its trackers, which then close (within tracking.timeout_s)."""
     final = {"steps_done": step, **{k: v for k, v in loop.learner.totals.items() if isinstance(v, int)}}
-    evals = [r["eval_accuracy"] for r in loop.records if r.get("eval_accuracy") is not None]
+    evals = [r.eval_accuracy for r in loop.records if r.eval_accuracy is not None]
     if evals:
         final["final_accuracy"] = evals[-1]
     sent = tracker.finish(final)
@@ -223,16 +225,17 @@ def _close_tracker(tracker, loop: LearnerLoop, step: int, log) -> None:
         log.info("tracking", extra={"fields": {"backends": sent}})
 
 
-def _log_step(log, step: int, rec: dict) -> None:
+def _log_step(log, step: int, rec: StepRecord) -> None:
     """One line per step, and one warning per peer reputation event."""
-    if rec.get("skipped"):
+    if rec.skipped:
         log.info("step skipped: no own rollouts before the deadline", extra={"fields": {"step": step}})
         return
-    for ev in rec.get("reputation_events") or []:
-        log.warning(f"peer {ev['peer']} {ev['action']} at step {rec['step']} (failure rate {ev['failure_rate']:.0%})",
+    for ev in rec.reputation_events:
+        log.warning(f"peer {ev['peer']} {ev['action']} at step {rec.step} (failure rate {ev['failure_rate']:.0%})",
                     extra={"fields": {"event": f"peer_{ev['action']}", **ev}})
-    fields = ("step", "reward_mean", "loss", "shared_in", "weights_version", "eval_accuracy")
-    log.info("step", extra={"fields": {k: rec.get(k) for k in fields}})
+    log.info("step", extra={"fields": {"step": rec.step, "reward_mean": rec.reward_mean, "loss": rec.loss,
+                                       "shared_in": rec.shared_in, "weights_version": rec.weights_version,
+                                       "eval_accuracy": rec.eval_accuracy}})
 
 
 def _finish(args: ServiceArgs, ctx: ServiceContext, loop: LearnerLoop, pp, learner, ranks: RankGroup | None,
