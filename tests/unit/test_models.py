@@ -5,7 +5,7 @@ import torch
 
 from mutualrl.models import build_model, encode_completion, encode_prompt, load_policy, load_tokenizer
 from mutualrl.models.families import ModelShape
-from mutualrl.models.generation import sample, sequence_logprobs
+from mutualrl.models.generation import cut_at_stop, sample, sequence_logprobs, stop_string_check
 from mutualrl.models.policy import tokenizer_fingerprint
 
 SHAPE = ModelShape(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=64)
@@ -210,3 +210,40 @@ def test_sample_categorical_draws_from_the_distribution():
     assert torch.allclose(freq, p, atol=0.015) and freq[0] == freq[2] == freq[5] == 0
     again = sample_categorical(logp, torch.Generator().manual_seed(0))
     assert torch.equal(draws, again)  # seeded: reproducible
+
+
+@pytest.mark.parametrize("kind, stops", [("char", ("+", "=9")), ("bpe", ("1+", "\n\n"))])
+def test_a_generation_ended_at_a_stop_string_is_the_whole_generation_cut_there(tokenizers, kind, stops):
+    """Ending a row at the token that completes a stop string gives what generating to the end and cutting at the
+    first stop string (as the worker and evaluation do) gives: the same tokens, log-probs and finish reason."""
+    tok = tokenizers[kind]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    model = build_model("llama", len(tok), SHAPE, ids, seed=5).eval()
+    prompts = [encode_prompt(tok, p, False) for p in ["1+2=", "45+67=", "9+", "3"] * 4]
+
+    def decode(x: list[int]) -> str:
+        return tok.decode(x, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def draw(stop):
+        return sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=24,
+                      generator=torch.Generator().manual_seed(0), compact=False, stop=stop)
+
+    whole = [cut_at_stop(decode, s, stops)[0] for s in draw(None)]
+    ended = draw(stop_string_check(decode, stops))
+    assert [s.token_ids for s in ended] == [s.token_ids for s in whole]
+    assert [s.logprobs for s in ended] == [s.logprobs for s in whole]
+    assert [s.finish_reason for s in ended] == [s.finish_reason for s in whole]
+    assert sum(len(s.token_ids) for s in ended) < 24 * len(prompts)  # rows did end early
+
+
+def test_a_stop_string_check_waits_for_a_stop_string_that_starts_earlier():
+    pieces = {0: "xab", 1: "c", 2: "d", 3: "ef"}
+
+    def decode(x: list[int]) -> str:
+        return "".join(pieces[i] for i in x)
+
+    holds = stop_string_check(decode, ("abcdef", "cd"))
+    # "cd" is whole at token 2, but "abcdef", which starts before it, may still complete: the cut would be there
+    assert not holds([0, 1]) and not holds([0, 1, 2]) and holds([0, 1, 2, 3])
+    assert stop_string_check(decode, ("cd",))([0, 1, 2])
+    assert stop_string_check(decode, ()) is None

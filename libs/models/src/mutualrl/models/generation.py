@@ -112,13 +112,16 @@ def sample(
     generator: torch.Generator | None = None,
     should_stop: Callable[[], bool] | None = None,
     compact: bool = True,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> list[Sample]:
     """One completion per prompt (repeat a prompt for a group). ``temperature=0`` is greedy.
     ``should_stop`` is asked before every token: a caller that went away (a cancelled RPC, a
     passed deadline) stops the generation with :class:`GenerationCancelled` instead of holding
     the model for the rest of it. ``compact``: finished rows leave the batch (``COMPACT_AT``); every
     row draws from the same uniform stream either way, so a seed gives the same samples up to the
-    float rounding of a smaller batch's matmuls."""
+    float rounding of a smaller batch's matmuls. ``stop(ids)`` (:func:`stop_string_check`): whether a row's
+    completion so far holds a stop string; the row ends at the token that completes it (finish reason
+    "stop"), as :func:`cut_at_stop` would cut it afterwards, instead of generating what would be cut."""
     if not prompts:
         return []
     if any(len(p) == 0 for p in prompts):
@@ -127,14 +130,16 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        toks, lps = _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperature, top_k, top_p,
-                              generator, should_stop, compact)
+        toks, lps, ends = _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperature, top_k,
+                                    top_p, generator, should_stop, compact, stop)
     finally:
         if was_training:
             model.train()
     samples = []
-    for row_t, row_l in zip(toks.tolist(), lps.tolist()):
-        if eos_id in row_t:
+    for i, (row_t, row_l) in enumerate(zip(toks.tolist(), lps.tolist())):
+        if i in ends:  # ended by a stop string
+            samples.append(Sample(row_t[: ends[i]], row_l[: ends[i]], "stop"))
+        elif eos_id in row_t:
             n = row_t.index(eos_id) + 1
             samples.append(Sample(row_t[:n], row_l[:n], "stop"))
         else:
@@ -143,8 +148,9 @@ def sample(
 
 
 def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperature, top_k, top_p, generator,
-              should_stop, compact) -> tuple[torch.Tensor, torch.Tensor]:
-    """The KV-cached loop of :func:`sample`: [B, n] token ids (pad after EOS) and their log-probs."""
+              should_stop, compact, stop=None) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
+    """The KV-cached loop of :func:`sample`: [B, n] token ids (pad after EOS or a stop string), their log-probs,
+    and the length of each row a stop string ended."""
     ids, mask = _left_pad(prompts, pad_id, device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     B = len(prompts)
@@ -158,6 +164,7 @@ def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperatur
     done = torch.zeros(B, dtype=torch.bool, device=device)
     next_pos = pos[:, -1]
     n = 0
+    ends: dict[int, int] = {}
     for t in range(max_new_tokens):
         if should_stop is not None and should_stop():
             raise GenerationCancelled("generation stopped: the caller cancelled or its deadline passed")
@@ -173,6 +180,8 @@ def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperatur
         lps[rows, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
         n = t + 1
         done = done | (tok == eos_id)
+        if stop is not None:
+            _end_at_stop_strings(stop, toks, rows, done, t, ends)
         finished = int(done.sum())  # the token's one host read: whether to stop, and whether to compact
         if finished == len(rows):
             break
@@ -186,7 +195,45 @@ def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperatur
         out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], past_key_values=past,
                     use_cache=True)
         past, logits = out.past_key_values, out.logits[:, -1, :].float()
-    return toks[:, :n], lps[:, :n]
+    return toks[:, :n], lps[:, :n], ends
+
+
+def _end_at_stop_strings(stop: Callable[[list[int]], bool], toks: torch.Tensor, rows: torch.Tensor,
+                         done: torch.Tensor, t: int, ends: dict[int, int]) -> None:
+    """Mark done (in place) the rows still generating whose completion now holds a stop string, and record each
+    one's length (``t + 1`` tokens) under its original row."""
+    active = (~done).nonzero().squeeze(-1)
+    if not len(active):
+        return
+    original = rows[active]
+    hit = [i for i, ids in zip(active.tolist(), toks[original, : t + 1].tolist()) if stop(ids)]
+    for i in hit:
+        ends[int(rows[i])] = t + 1
+    if hit:
+        done[torch.tensor(hit, device=done.device)] = True
+
+
+def stop_string_check(decode: Callable[[list[int]], str],
+                      stops: tuple[str, ...] | list[str]) -> Callable[[list[int]], bool] | None:
+    """``stop`` for :func:`sample`: whether a completion so far holds one of ``stops`` (None without any), where
+    :func:`cut_at_stop` would cut it. Asked after every token, a stop string is seen at the token that completes
+    it, so only the last few tokens are decoded (a string of L characters spans at most L tokens; the window
+    keeps two more for tokens that are parts of a character). While another stop string that starts earlier may
+    still complete, the row goes on: the cut is at the earliest start, as on the whole completion."""
+    stops = tuple(x for x in stops if x)
+    if not stops:
+        return None
+    window = max(len(x) for x in stops) + 2
+
+    def holds(ids: list[int]) -> bool:
+        tail = decode(ids[-window:])
+        found = [i for x in stops if (i := tail.find(x)) >= 0]
+        if not found:
+            return False
+        first = min(found)
+        return not any(x.startswith(tail[j:]) for x in stops for j in range(max(0, len(tail) - len(x) + 1), first))
+
+    return holds
 
 
 class _SelectiveLogprobs(torch.autograd.Function):

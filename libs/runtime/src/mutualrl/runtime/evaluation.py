@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mutualrl.models.generation import cut_at_stop, sample
+from mutualrl.models.generation import cut_at_stop, sample, stop_string_check
 from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.tasks import Problem, Verifier
 
@@ -60,8 +60,11 @@ def scored_texts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems:
     """One completion per problem, prompted as the policy is and sampled at ``temperature`` (0: greedy), as the
     verifier reads it (cut at the style's first stop string). Evaluation, the pass rate before RL and
     ``mutualrl probe`` all score these."""
+    stops = prompt_style.stops(tok) if prompt_style else ()
     outs = sample(model, [encode_prompt(tok, p.prompt, prompt_style) for p in problems], eos_id=tok.eos_token_id,
-                  pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
+                  pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
+                  stop=stop_string_check(lambda ids: tok.decode(ids, skip_special_tokens=True,
+                                                                clean_up_tokenization_spaces=False), stops))
     return [completion_text(tok, o, prompt_style) for o in outs]
 
 

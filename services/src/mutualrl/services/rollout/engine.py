@@ -28,6 +28,10 @@ class SamplingSpec:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    # where a completion-form policy's answer ends: an engine may end a completion at the token that completes
+    # one (the worker cuts every completion at its first stop string either way, so the rollouts are the same);
+    # the hf engine does, the HTTP engines generate to EOS or max_new_tokens
+    stop: tuple[str, ...] = ()
 
 
 @dataclass

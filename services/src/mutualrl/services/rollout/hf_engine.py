@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 import transformers
@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from typing_extensions import override
 
 from mutualrl.config.engines import ENGINES
-from mutualrl.models.generation import Sample, sample
+from mutualrl.models.generation import Sample, sample, stop_string_check
 from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.services.rollout.engine import EngineInfo, EngineSetup, RolloutEngine, SamplingSpec
 from mutualrl.weights import TensorManifest, WeightReceiver
@@ -35,10 +35,13 @@ class HFEngine(RolloutEngine):
         tok = setup.tokenizer
         return cls(setup.model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, store=setup.store,
                    device=cfg.device, name=setup.name, share=setup.share, precision=setup.precision,
-                   adopt=setup.adopt)
+                   adopt=setup.adopt, decode=lambda ids: tok.decode(ids, skip_special_tokens=True,
+                                                                    clean_up_tokenization_spaces=False))
 
     def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightReceiver, device: str = "cpu",
-                 name: str = "", share: bool = False, precision: Precision | None = None, adopt: bool = False):
+                 name: str = "", share: bool = False, precision: Precision | None = None, adopt: bool = False,
+                 decode: Callable[[list[int]], str] | None = None):
+        # decode: the tokenizer's, for ending completions at the spec's stop strings (none without it)
         # share: sample the learner's own module (`mutualrl run`, synchronous: mutualrl.weights.shared)
         self.shared = share
         self.precision = precision or resolve_precision("float32", pretrained=False, device=device)
@@ -49,6 +52,7 @@ class HFEngine(RolloutEngine):
         own = model if adopt else copy.deepcopy(model)
         self.model = model if share else own.to(device=device, dtype=sampling_dtype).eval()
         self.eos_id, self.pad_id = eos_id, pad_id
+        self.decode = decode
         self.store = store
         self.device = device
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
@@ -76,6 +80,7 @@ class HFEngine(RolloutEngine):
                 top_p=spec.top_p,
                 generator=gen,
                 should_stop=cancel.is_set if cancel is not None else None,
+                stop=stop_string_check(self.decode, spec.stop) if self.decode is not None else None,
             )
         return [out[i * spec.n : (i + 1) * spec.n] for i in range(len(prompts))]
 

@@ -17,10 +17,12 @@ def make_worker(cfg: ExperimentConfig, pp: PreparedPolicy, engine: RolloutEngine
                 verifier: Verifier) -> RolloutWorker:
     """A policy's rollout worker: its engine, tokenizer and verifier, sampling G completions per prompt."""
     p = pp.config
+    style = prompt_style(cfg, p)
     spec = SamplingSpec(n=cfg.budget.group_size, max_new_tokens=cfg.budget.max_new_tokens,
-                        temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p)
+                        temperature=p.engine.temperature, top_k=p.engine.top_k, top_p=p.engine.top_p,
+                        stop=style.stops(pp.arts.tokenizer) if style is not None else ())
     return RolloutWorker(p.name, engine, pp.arts.tokenizer, verifier, exchange, fingerprint=pp.arts.fingerprint,
-                         sampling=spec, seed=cfg.seed, prompt_style=prompt_style(cfg, p))
+                         sampling=spec, seed=cfg.seed, prompt_style=style)
 
 
 def engine_sampler(engine: RolloutEngine, spec: SamplingSpec) -> Callable[..., list[list]]:
