@@ -30,7 +30,7 @@ def main() -> None:
 
     from mutualrl.config import load_config
     from mutualrl.models.cache import default_cache_dir
-    from mutualrl.models.generation import cut_at_stop, sample, stop_string_check
+    from mutualrl.models.generation import cut_at_stop, sample, stop_string_check, text_decoder
     from mutualrl.models.policy import encode_prompt
     from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy, prompt_style
 
@@ -45,8 +45,7 @@ def main() -> None:
     if not stops:
         raise SystemExit(f"{args.policy} has no stop strings (not a completion-form policy): nothing to measure")
 
-    def decode(ids: list[int]) -> str:
-        return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    decode = text_decoder(tok)
 
     def run(prompts: list[list[int]], temperature: float, early: bool) -> tuple[float, list[str], int]:
         t0 = time.perf_counter()

@@ -17,7 +17,7 @@ import torch
 
 from mutualrl.config import load_config
 from mutualrl.models.cache import default_cache_dir
-from mutualrl.models.generation import cut_at_stop, sample
+from mutualrl.models.generation import cut_at_stop, sample, text_decoder
 from mutualrl.models.policy import encode_prompt
 from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy, prompt_style
 from mutualrl.tasks.answers import extract_answer, required_form
@@ -50,9 +50,9 @@ def main() -> None:
     tok, model, style = pp.arts.tokenizer, pp.arts.model, prompt_style(cfg, pp.config)
     stops = style.stops(tok)
 
+    dec = text_decoder(tok)
+
     def text(o) -> str:
-        def dec(ids):
-            return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         return cut_at_stop(dec, o, stops)[1] if stops else dec(o.token_ids)
 
     g = torch.Generator().manual_seed(0)

@@ -112,14 +112,14 @@ def sample(
     generator: torch.Generator | None = None,
     should_stop: Callable[[], bool] | None = None,
     compact: bool = True,
-    stop: Callable[[list[int]], bool] | None = None,
+    stop: StopStrings | None = None,
 ) -> list[Sample]:
     """One completion per prompt (repeat a prompt for a group). ``temperature=0`` is greedy.
     ``should_stop`` is asked before every token: a caller that went away (a cancelled RPC, a
     passed deadline) stops the generation with :class:`GenerationCancelled` instead of holding
     the model for the rest of it. ``compact``: finished rows leave the batch (``COMPACT_AT``); every
     row draws from the same uniform stream either way, so a seed gives the same samples up to the
-    float rounding of a smaller batch's matmuls. ``stop(ids)`` (:func:`stop_string_check`): whether a row's
+    float rounding of a smaller batch's matmuls. ``stop`` (:func:`stop_string_check`): whether a row's
     completion so far holds a stop string; the row ends at the token that completes it (finish reason
     "stop"), as :func:`cut_at_stop` would cut it afterwards, instead of generating what would be cut."""
     if not prompts:
@@ -198,42 +198,58 @@ def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperatur
     return toks[:, :n], lps[:, :n], ends
 
 
-def _end_at_stop_strings(stop: Callable[[list[int]], bool], toks: torch.Tensor, rows: torch.Tensor,
-                         done: torch.Tensor, t: int, ends: dict[int, int]) -> None:
+def _end_at_stop_strings(stop: StopStrings, toks: torch.Tensor, rows: torch.Tensor, done: torch.Tensor, t: int,
+                         ends: dict[int, int]) -> None:
     """Mark done (in place) the rows still generating whose completion now holds a stop string, and record each
-    one's length (``t + 1`` tokens) under its original row."""
+    one's length (``t + 1`` tokens) under its original row. Only the last ``stop.window`` tokens of each row are
+    read back: the whole history every token would cost O(T²) host copies."""
     active = (~done).nonzero().squeeze(-1)
     if not len(active):
         return
-    original = rows[active]
-    hit = [i for i, ids in zip(active.tolist(), toks[original, : t + 1].tolist()) if stop(ids)]
+    tails = toks[rows[active], max(0, t + 1 - stop.window): t + 1].tolist()
+    hit = [i for i, ids in zip(active.tolist(), tails) if stop(ids)]
     for i in hit:
         ends[int(rows[i])] = t + 1
     if hit:
         done[torch.tensor(hit, device=done.device)] = True
 
 
-def stop_string_check(decode: Callable[[list[int]], str],
-                      stops: tuple[str, ...] | list[str]) -> Callable[[list[int]], bool] | None:
-    """``stop`` for :func:`sample`: whether a completion so far holds one of ``stops`` (None without any), where
-    :func:`cut_at_stop` would cut it. Asked after every token, a stop string is seen at the token that completes
-    it, so only the last few tokens are decoded (a string of L characters spans at most L tokens; the window
-    keeps two more for tokens that are parts of a character). While another stop string that starts earlier may
-    still complete, the row goes on: the cut is at the earliest start, as on the whole completion."""
-    stops = tuple(x for x in stops if x)
-    if not stops:
-        return None
-    window = max(len(x) for x in stops) + 2
+def text_decoder(tok) -> Callable[[list[int]], str]:
+    """Token ids to a completion's text as it is scored and cut: the tokenizer's decode without special tokens
+    and without clean-up (which would change the text the stop strings and verifiers read)."""
+    return lambda ids: tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def holds(ids: list[int]) -> bool:
-        tail = decode(ids[-window:])
-        found = [i for x in stops if (i := tail.find(x)) >= 0]
+
+@dataclass(frozen=True)
+class StopStrings:
+    """``stop`` for :func:`sample`: whether a completion so far holds one of ``stops``, where :func:`cut_at_stop`
+    would cut it. Asked after every token, a stop string is seen at the token that completes it, so only the last
+    ``window`` tokens are decoded (a string of L characters spans at most L tokens; two more for tokens that are
+    parts of a character). While another stop string that starts earlier may still complete, the row goes on:
+    the cut is at the earliest start, as on the whole completion."""
+    decode: Callable[[list[int]], str]
+    stops: tuple[str, ...]
+
+    @property
+    def window(self) -> int:
+        """How many of a completion's last tokens the check reads."""
+        return max(len(x) for x in self.stops) + 2
+
+    def __call__(self, ids: list[int]) -> bool:
+        """Whether the completion ``ids`` (its last ``window`` tokens suffice) ends here."""
+        tail = self.decode(ids[-self.window:])
+        found = [i for x in self.stops if (i := tail.find(x)) >= 0]
         if not found:
             return False
         first = min(found)
-        return not any(x.startswith(tail[j:]) for x in stops for j in range(max(0, len(tail) - len(x) + 1), first))
+        return not any(x.startswith(tail[j:]) for x in self.stops
+                       for j in range(max(0, len(tail) - len(x) + 1), first))
 
-    return holds
+
+def stop_string_check(decode: Callable[[list[int]], str], stops: tuple[str, ...] | list[str]) -> StopStrings | None:
+    """The :class:`StopStrings` check of ``stops`` (None without any: nothing to end a row at)."""
+    stops = tuple(x for x in stops if x)
+    return StopStrings(decode, stops) if stops else None
 
 
 class _SelectiveLogprobs(torch.autograd.Function):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mutualrl.models.generation import cut_at_stop, sample, stop_string_check
+from mutualrl.models.generation import cut_at_stop, sample, stop_string_check, text_decoder
 from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.tasks import Problem, Verifier
 
@@ -63,16 +63,12 @@ def scored_texts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems:
     stops = prompt_style.stops(tok) if prompt_style else ()
     outs = sample(model, [encode_prompt(tok, p.prompt, prompt_style) for p in problems], eos_id=tok.eos_token_id,
                   pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
-                  stop=stop_string_check(lambda ids: tok.decode(ids, skip_special_tokens=True,
-                                                                clean_up_tokenization_spaces=False), stops))
+                  stop=stop_string_check(text_decoder(tok), stops))
     return [completion_text(tok, o, prompt_style) for o in outs]
 
 
 def completion_text(tok: PreTrainedTokenizerBase, sample_out, prompt_style: PromptStyle | None) -> str:
     """A sample's text as it is scored: decoded, and cut at the style's first stop string."""
-
-    def decode(ids: list[int]) -> str:
-        return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
+    decode = text_decoder(tok)
     stops = prompt_style.stops(tok) if prompt_style else ()
     return cut_at_stop(decode, sample_out, stops)[1] if stops else decode(sample_out.token_ids)

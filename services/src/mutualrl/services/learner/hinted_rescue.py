@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mutualrl.config.schema import SgtRConfig
 from mutualrl.grpo import RescueItem, hint_fraction, hint_weights
-from mutualrl.models.generation import Sample, cut_at_stop
+from mutualrl.models.generation import Sample, cut_at_stop, text_decoder
 from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.models.text_checks import control_text_in, spells
 from mutualrl.services.learner.objective import HINTED, Rows
@@ -269,10 +269,7 @@ class HintedRescue:
         """Each sample with its text, cut at the receiver's stop strings (a completion-form receiver does not
         continue the hint's frame into a new question)."""
         stops = self.style.stops(self.tok) if self.style is not None else ()
-
-        def decode(ids: list[int]) -> str:
-            return self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
+        decode = text_decoder(self.tok)
         if stops:
             return [cut_at_stop(decode, s, stops) for s in samples]
         return [(s, decode(s.token_ids)) for s in samples]

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from typing_extensions import override
 
 from mutualrl.config.engines import ENGINES
-from mutualrl.models.generation import Sample, sample, stop_string_check
+from mutualrl.models.generation import Sample, sample, stop_string_check, text_decoder
 from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.services.rollout.engine import EngineInfo, EngineSetup, RolloutEngine, SamplingSpec
 from mutualrl.weights import TensorManifest, WeightReceiver
@@ -35,8 +35,7 @@ class HFEngine(RolloutEngine):
         tok = setup.tokenizer
         return cls(setup.model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, store=setup.store,
                    device=cfg.device, name=setup.name, share=setup.share, precision=setup.precision,
-                   adopt=setup.adopt, decode=lambda ids: tok.decode(ids, skip_special_tokens=True,
-                                                                    clean_up_tokenization_spaces=False))
+                   adopt=setup.adopt, decode=text_decoder(tok))
 
     def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, store: WeightReceiver, device: str = "cpu",
                  name: str = "", share: bool = False, precision: Precision | None = None, adopt: bool = False,

@@ -10,7 +10,7 @@ from typing import Callable
 
 from transformers import PreTrainedTokenizerBase
 
-from mutualrl.models.generation import Sample, cut_at_stop
+from mutualrl.models.generation import Sample, cut_at_stop, text_decoder
 from mutualrl.models.policy import PromptStyle, encode_prompt
 from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange
@@ -116,9 +116,7 @@ class RolloutWorker:
         return result
 
     def _cut(self, samples: list[Sample], stops: tuple[str, ...]) -> tuple[list[Sample], list[str]]:
-        def decode(ids: list[int]) -> str:
-            return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
+        decode = text_decoder(self.tokenizer)
         cut = [cut_at_stop(decode, s, stops) for s in samples]
         return [c[0] for c in cut], [c[1] for c in cut]
 
