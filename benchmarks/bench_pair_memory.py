@@ -8,6 +8,12 @@ Before #43 the same pair at 4 x 4 rows and 40 new tokens was killed by the OOM k
 
     .venv/bin/python benchmarks/bench_pair_memory.py [--steps 10] [--skip up] [--json out.json]
         [--set algorithm.micro_batch_rows=8 ...]   # any override of the example
+
+On a lent device's host (benchmarks/gpu/run_all.py's ``pair_memory_bf16``), where the real weights and
+reasoning-gym do not travel: ``--random-weights smollm2=DIR --random-weights qwen-coder=DIR --task arithmetic``
+gives each policy a random-weight network of DIR's config with DIR's tokenizer, and our built-in sums. Memory
+does not depend on the weights' values; random weights never end a row early, so every completion is the full
+``max_new_tokens`` (the most memory a step can take).
 """
 
 from __future__ import annotations
@@ -55,9 +61,15 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--skip", action="append", default=[], choices=["run", "up"])
     ap.add_argument("--set", action="append", default=[], dest="sets", help="An override of the config (KEY=VALUE).")
+    ap.add_argument("--random-weights", action="append", default=[], metavar="POLICY=DIR",
+                    help="This policy's model: DIR's config and tokenizer with weights initialised at seed 0.")
+    ap.add_argument("--task", choices=["config", "arithmetic"], default="config",
+                    help="arithmetic: our built-in 1-2 digit sums instead of the config's task.")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="Keep the runs' folders here.")
     args = ap.parse_args()
+    from bench_vs_trl import ARITHMETIC_TASK, random_weights_dir
+
     from mutualrl.config.loading import apply_overrides
 
     sets = [f"budget.steps={args.steps}", "eval.every=100000", *args.sets]
@@ -66,8 +78,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         where = args.keep or Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
+        for spec in args.random_weights:
+            policy, _, folder = spec.partition("=")
+            made = random_weights_dir(Path(folder), where / "models" / policy)
+            sets.append(f"policies.{policy}.model.path={made}")
+        raw = yaml.safe_load(args.config.read_text())
+        if args.task == "arithmetic":
+            raw["task"] = dict(ARITHMETIC_TASK)
         cfg_file = where / "cfg.yaml"
-        cfg_file.write_text(yaml.safe_dump(apply_overrides(yaml.safe_load(args.config.read_text()), sets)))
+        cfg_file.write_text(yaml.safe_dump(apply_overrides(raw, sets)))
         cli = [sys.executable, "-m", "mutualrl.app.cli"]
         for mode in ("run", "up"):
             if mode in args.skip:

@@ -19,7 +19,9 @@ what travels to a lent device):
   it (benchmarks/bench_vs_trl.py, SmolLM2's shape with random weights, 4 x 8 x 48);
 - ``vs_trl_cuda``: the same against TRL's ``GRPOTrainer`` on the device, bf16 and fp32;
 - ``sampling_copy``: our bf16 step with the engine sampling a bf16 copy of the weights instead of the
-  learner's module under autocast (``weights.share_in_process: false``), on the device and the bf16 CPU.
+  learner's module under autocast (``weights.share_in_process: false``), on the device and the bf16 CPU;
+- ``pair_memory_bf16``: SmolLM2 + Qwen2.5-Coder-0.5B's shapes under ``mutualrl up`` (and ``run``) on a bf16 host
+  CPU: does the pair fit in 16 GiB in bf16-mixed (benchmarks/bench_pair_memory.py)?
 
 ``--dry-run``: the same code on the CPU with tiny shapes (make test). The JSON is rewritten after every
 section; a failed section keeps its traceback there and costs one figure, not the run.
@@ -467,6 +469,7 @@ def run_real_shapes(b: Bench) -> dict:
 
 # ------------------------------------------------------------------------------ against TRL, same process each
 SMOLLM2_SHAPE = ROOT / "benchmarks" / "gpu" / "wheels" / "smollm2-135m-shape"  # `make gpu-wheels`: config, tokenizer
+QWEN_CODER_SHAPE = ROOT / "benchmarks" / "gpu" / "wheels" / "qwen2.5-coder-0.5b-shape"
 
 
 def _tiny_model_dir(out: Path) -> Path:
@@ -510,12 +513,12 @@ def _vs_trl(b: Bench, model_dir: Path, device: str, dtype: str, skip: list[str],
     return res
 
 
-def _shape_dir(b: Bench, tmp: Path) -> Path:
+def _shape_dir(b: Bench, tmp: Path, shape: Path = SMOLLM2_SHAPE) -> Path:
     if b.dry:
         return _tiny_model_dir(tmp / "tiny")
-    if not (SMOLLM2_SHAPE / "config.json").is_file():
-        raise RuntimeError(f"{SMOLLM2_SHAPE} is missing: run `make gpu-wheels` here before the device call")
-    return SMOLLM2_SHAPE
+    if not (shape / "config.json").is_file():
+        raise RuntimeError(f"{shape} is missing: run `make gpu-wheels` here before the device call")
+    return shape
 
 
 def _bf16_flags() -> list[str]:
@@ -574,10 +577,49 @@ def sampling_copy(b: Bench) -> dict:
     return out
 
 
+def pair_memory_bf16(b: Bench) -> dict:
+    """Does the real pair fit in 16 GiB under `mutualrl up` where the CPU has bf16? (issue #43: on this project's
+    AVX2 machines `model.dtype: auto` is fp32 and `up` peaked at 18.3 GiB.) benchmarks/bench_pair_memory.py on
+    the host's CPU with SmolLM2's and Qwen2.5-Coder-0.5B's shapes (random weights: every row runs to 48 tokens),
+    3 steps of examples/real/smollm2-qwen.yaml on our built-in sums: `up` in bf16-mixed, then in fp32, then `run`
+    in bf16-mixed, as long as the budget lasts."""
+    out: dict = {"bf16_flags": _bf16_flags()}
+    if not out["bf16_flags"] and not b.dry:
+        out["skipped"] = "no bf16 instructions on this CPU"
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        small = _shape_dir(b, Path(tmp))
+        large = _shape_dir(b, Path(tmp), QWEN_CODER_SHAPE)
+        size = ["--steps", "3"] if not b.dry else ["--steps", "1", "--set", "budget.prompts_per_step=2",
+                                                   "--set", "budget.group_size=2", "--set", "budget.max_new_tokens=4"]
+        runs = [("up", "bf16-mixed"), ("up", "float32"), ("run", "bf16-mixed")][: 1 if b.dry else 3]
+        for mode, dtype in runs:
+            if b.left_s() < 150 and not b.dry:
+                out[f"{mode}_{dtype}"] = {"skipped": f"{b.left_s():.0f} s left"}
+                continue
+            res = Path(tmp) / f"{mode}-{dtype}.json"
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_pair_memory.py"), *size, "--skip",
+                   "run" if mode == "up" else "up", "--task", "arithmetic", "--json", str(res),
+                   "--random-weights", f"smollm2={small}", "--random-weights", f"qwen-coder={large}",
+                   *[a for name in ("smollm2", "qwen-coder")
+                     for a in ("--set", f"policies.{name}.model.dtype={dtype}")]]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, b.left_s() - 5))
+            print(proc.stdout[-1200:], flush=True)
+            if not res.is_file():
+                raise RuntimeError(f"bench_pair_memory exited {proc.returncode}:\n{proc.stdout[-1500:]}\n"
+                                   f"{proc.stderr[-2500:]}")
+            fig = json.loads(res.read_text())[mode]
+            out[f"{mode}_{dtype}"] = {k: fig.get(k) for k in ("peak_rss_gib", "peak_anon_gib", "process_peak_gib",
+                                                               "process_peak_anon_gib", "steps", "step_s", "policies")}
+            b.out["sections"]["pair_memory_bf16"] = {"status": "partial", **out}
+            b.save()
+    return out
+
+
 SECTIONS = [("env", env, 10), ("learner_step", learner_step, 90), ("logprob_memory", logprob_memory, 20),
             ("engine", engine, 40), ("weights_transport", weights_transport, 40), ("run_5_steps", run_5_steps, 60),
             ("run_real_shapes", run_real_shapes, 120), ("vs_trl_cuda", vs_trl_cuda, 90), ("cpu_bf16", cpu_bf16, 120),
-            ("sampling_copy", sampling_copy, 60)]
+            ("sampling_copy", sampling_copy, 60), ("pair_memory_bf16", pair_memory_bf16, 200)]
 
 
 def main() -> None:

@@ -6,19 +6,27 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+FAST_SECTIONS = ("env", "learner_step", "logprob_memory", "engine", "weights_transport", "run_5_steps",
+                 "run_real_shapes", "vs_trl_cuda", "cpu_bf16")
+SLOW_SECTIONS = ("sampling_copy", "pair_memory_bf16")  # dry, more runs of the same code paths: `make test-slow`
+
+
+def _dry(tmp_path, sections: list[str]) -> dict:
+    only = [a for s in sections for a in ("--only", s)]
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu" / "run_all.sh"), "--dry-run", *only],
+                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((tmp_path / "gpu.json").read_text())
 
 
 def test_the_gpu_script_runs_every_section_dry(tmp_path):
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu" / "run_all.sh"), "--dry-run"],
-                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads((tmp_path / "gpu.json").read_text())
+    out = _dry(tmp_path, list(FAST_SECTIONS))
     s = out["sections"]
     assert out["dry_run"] is True and out["device"] == "cpu"
-    assert {k: v["status"] for k, v in s.items()} == {k: "ok" for k in (
-        "env", "learner_step", "logprob_memory", "engine", "weights_transport", "run_5_steps", "run_real_shapes",
-        "vs_trl_cuda", "cpu_bf16", "sampling_copy")}
+    assert {k: v["status"] for k, v in s.items()} == {k: "ok" for k in FAST_SECTIONS}
     assert s["env"]["measured_matmul_tflops"] > 0
     assert set(s["learner_step"]["archs"]) == {"smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"}
     assert all(a["tokens_per_s"] > 0 and a["one_pass_step_s"] > 0 for a in s["learner_step"]["archs"].values())
@@ -35,7 +43,17 @@ def test_the_gpu_script_runs_every_section_dry(tmp_path):
         assert s["cpu_bf16"]["ours_bf16_over_fp32"] > 0
     else:
         assert "no bf16" in s["cpu_bf16"]["skipped"]
+
+
+@pytest.mark.slow
+def test_the_gpu_scripts_further_sections_run_dry(tmp_path):
+    s = _dry(tmp_path, list(SLOW_SECTIONS))["sections"]
+    assert {k: v["status"] for k, v in s.items()} == {k: "ok" for k in SLOW_SECTIONS}
     assert s["sampling_copy"]["cpu"]["run"]["stages"]["weight_sync"] > 0  # the copy is synced, not shared
+    up = s["pair_memory_bf16"]["up_bf16-mixed"]
+    assert up["steps"] == 1 and up["peak_anon_gib"] > 0
+    assert {"learner smollm2", "learner qwen-coder", "rollout smollm2", "rollout qwen-coder"} <= set(
+        up["process_peak_anon_gib"])
 
 
 def test_a_failing_section_costs_one_figure_not_the_run(tmp_path):
@@ -48,3 +66,12 @@ def test_a_failing_section_costs_one_figure_not_the_run(tmp_path):
     assert out["env"]["status"] == "failed" and "planted failure" in out["env"]["traceback"]
     assert out["engine"]["status"] == "ok"
     assert proc.returncode == 1  # a dry run with a failed section fails make test
+
+
+def test_every_section_is_run_dry_by_one_of_the_tests():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "gpu" / "run_all.py")
+    run_all = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_all)
+    assert [name for name, _, _ in run_all.SECTIONS] == [*FAST_SECTIONS, *SLOW_SECTIONS]
