@@ -2,6 +2,7 @@
 SGT rescues cross tokenizers, and false success claims are rejected."""
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -80,6 +81,9 @@ def test_grpo_step_raises_logprob_of_rewarded_completions(arithmetic_task):
     assert rec.reward_mean > 0 and rec.weights_version == 1
     assert rec.ratio_mean == pytest.approx(1.0, abs=1e-4)  # on-policy: learner log-probs equal the sampler's
     assert any(not torch.equal(before[k], v) for k, v in arts.model.state_dict().items())
+    if sys.platform.startswith("linux"):  # where its memory went, stage by stage, from the kernel's counters
+        peaks = rec.extra["stage_peak_rss_gib"]
+        assert set(peaks) == {"intake", "train", "weight_sync"} and all(v > 0 for v in peaks.values())
 
     # per-prompt advantage sign: rewarded completions gain log-prob, unrewarded lose it (on average)
     by_group: dict[str, list] = {}

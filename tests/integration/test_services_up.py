@@ -98,6 +98,7 @@ def test_two_policies_three_steps_over_processes(tmp_path):
                 assert "mutualrl_weights_version{" in text
             else:
                 assert "mutualrl_rollouts_consumed_total{" in text
+                assert 'mutualrl_learner_stage_peak_resident_bytes{policy=' in text and 'stage="train"' in text
                 assert "mutualrl_shared_in_total{" in text
                 assert "mutualrl_thl_unaligned_ratio{" in text
                 # each learner's tracker (TensorBoard by default) counts what it drops, from 0

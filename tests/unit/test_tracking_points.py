@@ -19,6 +19,7 @@ from mutualrl.tracking.points import by_rollouts, flatten, params, scalars, summ
 
 RECORD = {"step": 3, "policy": "llama", "reward_mean": 0.25, "loss": float("nan"), "kl": 0.0, "clip_frac": 0.125,
           "grad_norm": 2.0, "stage_seconds": {"train": 1.5, "wait": 0.25}, "tokens": 300, "step_s": 2.0,
+          "stage_peak_rss_gib": {"train": 6.5, "weight_sync": 4.25},
           "peer_rejected": {"roundtrip": 2, "stale": 1}, "rescue_count": 4, "peer_rows": 6,
           "thl_residual": 0.01, "thl_by_source": {"qwen": {"messages": 5, "unaligned_mean": 0.0}},
           "eval_accuracy": 0.5, "rollouts": 192, "reputation_events": [{"peer": "qwen"}], "wall_time": 1.0,
@@ -30,6 +31,7 @@ def test_a_record_becomes_grouped_scalars_and_nothing_numeric_is_lost():
     assert s["train/reward_mean"] == 0.25 and s["train/kl"] == 0.0 and s["train/clip_frac"] == 0.125
     assert "train/loss" not in s  # a NaN is not a point
     assert s["time/train_s"] == 1.5 and s["time/wait_s"] == 0.25 and s["time/step_s"] == 2.0
+    assert s["memory/train_peak_gib"] == 6.5 and s["memory/weight_sync_peak_gib"] == 4.25
     assert s["throughput/tokens_per_s"] == 150.0  # 300 tokens in 2 s
     assert s["sharing/rejected/roundtrip"] == 2 and s["sharing/peer_rows_rejected"] == 3
     assert s["sharing/rescues"] == 4 and s["sharing/peer_rows_used"] == 6

@@ -36,3 +36,51 @@ def return_freed_memory(collect: bool = False) -> bool:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return bool(trim(0))
+
+
+def reset_peak_resident() -> bool:
+    """Start a new peak of this process's resident memory (Linux: ``5`` to ``/proc/self/clear_refs`` resets
+    VmHWM); False where that cannot be done (another OS, a kernel or sandbox that refuses the write)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_resident_bytes() -> int | None:
+    """This process's peak resident memory since it started or since :func:`reset_peak_resident` (VmHWM);
+    None where /proc does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class StagePeaks:
+    """The process's peak resident memory in each stage of a step: where a learner's memory goes (the update's
+    gradients and activations, a version being written), read from the kernel rather than estimated. Stages are
+    consecutive: each :meth:`enter` closes the stage before it. In a process that runs several policies at once
+    (`mutualrl run`) a stage's peak is the whole process's while that stage ran."""
+
+    def __init__(self) -> None:
+        self.enabled = reset_peak_resident()
+        self.peaks: dict[str, float] = {}
+        self._stage: str | None = None
+
+    def enter(self, stage: str | None) -> None:
+        """Close the current stage (its peak, GiB) and start ``stage`` (None: only close)."""
+        if not self.enabled:
+            return
+        if self._stage is not None:
+            peak = peak_resident_bytes()
+            if peak is not None:
+                self.peaks[self._stage] = round(peak / 2**30, 3)
+        self._stage = stage
+        if stage is not None:
+            reset_peak_resident()

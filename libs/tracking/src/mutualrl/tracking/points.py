@@ -68,6 +68,8 @@ def _nested(key: str, value: dict) -> dict[str, float]:
     """A record's dict-valued field as scalars: stage times, counts by reason, THL residuals per source."""
     if key == "stage_seconds":
         return {f"time/{stage}_s": x for stage, v in value.items() if (x := _number(v)) is not None}
+    if key == "stage_peak_rss_gib":
+        return {f"memory/{stage}_peak_gib": x for stage, v in value.items() if (x := _number(v)) is not None}
     if key in BY_REASON:
         out = {f"{BY_REASON[key]}/{why}": x for why, v in value.items() if (x := _number(v)) is not None}
         if key == "peer_rejected":

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mutualrl.models.policy import context_limit
 from mutualrl.models.sharding import full_state_dict
 from mutualrl.models.sharding import rank as shard_rank
+from mutualrl.runtime.memory import StagePeaks
 from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.hinted_rescue import EDGE_COUNTS, HintedRescue, RescueOutcome
@@ -181,6 +182,8 @@ class Learner:
         between polls for the step's own rollouts, while the weights are not changing (a service
         sends them again there to a rollout service that missed them)."""
         t0 = time.monotonic()
+        peaks = StagePeaks()  # the process's peak resident memory per stage (record field stage_peak_rss_gib)
+        peaks.enter("intake")
         expected = len(problems) * self.s.group_size
         by_id = {p.prompt_id: p for p in problems}
         own = self.own_intake.collect(step, expected, t0 + self.s.peer_deadline_s, by_id, self.totals,
@@ -224,6 +227,7 @@ class Learner:
         inputs = StepInputs(step, rows, step_adv.advantages, step_adv.omega, rescues)
         if before_update is not None:
             before_update(inputs)  # a sharded learner's other ranks take the same update (service.py)
+        peaks.enter("train")
         update = self.updater.apply(inputs, stages)
         # acknowledge only after the update used them (at-least-once; dedup on redelivery)
         self._to_ack.append((self.own, own))
@@ -236,8 +240,12 @@ class Learner:
             self.commit()
         pace("train", self.policy, t_ready)  # benchmarks of the schedule only (MUTUALRL_PACE)
         t_sync = time.monotonic()
+        peaks.enter("weight_sync")
         self.publish_weights(step)
         stages["weight_sync"] = time.monotonic() - t_sync
+        peaks.enter(None)
+        if peaks.peaks:
+            metrics["stage_peak_rss_gib"] = peaks.peaks
         return self._record(step, rows, own, intake, rescues, gate_open, metrics, update, stages, t0)
 
     def _staleness(self, step: int, own: list[Received], intake: IntakeResult) -> dict:

@@ -56,6 +56,9 @@ class LearnerMetrics:
         self.quarantined = Gauge("mutualrl_peer_quarantined",
                                  "1 while this receiver ignores the peer's experience (its claims kept failing).",
                                  ["policy", "peer"], registry=r)
+        self.stage_peak = Gauge("mutualrl_learner_stage_peak_resident_bytes",
+                                "The learner process's peak resident memory in each stage of its last step "
+                                "(intake, train, weight_sync): where its memory goes.", ["policy", "stage"], registry=r)
         self.rollouts = Counter("mutualrl_rollouts_consumed", "Own rollouts trained on.", ["policy"], registry=r)
         self.shared_in = Counter("mutualrl_shared_in", "Peer messages used (rows, rescues, stats).", ["policy"],
                                  registry=r)
@@ -123,22 +126,29 @@ class LearnerMetrics:
         if lag is not None:
             self.stale.labels(self.policy, "learner").set(max(0, lag))
 
-    def observe(self, rec: StepRecord, learner: Learner) -> None:
-        """One trained step's record (skipped steps count only as skipped)."""
+    def _observe_thl(self, rec: StepRecord) -> None:
+        """Each incoming edge's THL figures of the step."""
         p = self.policy
-        if rec.skipped:
-            self.skipped.labels(p).inc()
-            return
         for src, h in rec.thl_by_source.items():
             self.thl_unaligned.labels(p, src).set(h["unaligned_mean"])
             self.thl_logprob.labels(p, src).set(h["logprob_residual_mean"])
             self.thl_length.labels(p, src).set(h["length_ratio_mean"])
             self.roundtrip.labels(p, src).inc(h["roundtrip_failures"])
             self.thl_messages.labels(p, src).inc(h["messages"])
+
+    def observe(self, rec: StepRecord, learner: Learner) -> None:
+        """One trained step's record (skipped steps count only as skipped)."""
+        p = self.policy
+        if rec.skipped:
+            self.skipped.labels(p).inc()
+            return
+        self._observe_thl(rec)
         self.rescues.labels(p).inc(rec.rescue_count)
         self.empty_updates.labels(p).inc(rec.empty_updates)
         self.weights_bytes.labels(p).set(rec.weights_bytes)
         self.sync.labels(p, "learner").set(rec.stage_seconds.get("weight_sync") or 0.0)
+        for stage, gib in (rec.extra.get("stage_peak_rss_gib") or {}).items():
+            self.stage_peak.labels(p, stage).set(gib * 2**30)
         if rec.eval_accuracy is not None:
             self.accuracy.labels(p).set(rec.eval_accuracy)
         self.reward.labels(p).set(rec.reward_mean)
