@@ -45,7 +45,8 @@ class _NeverRight(ExactMatchVerifier):
         return 0.0
 
 
-def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0, bank=0, temperature=1.0, verifier_cls=None):
+def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0, bank=0, temperature=1.0, verifier_cls=None,
+           state_dtype="float32"):
     ex = ExperienceExchange(InProcessBroker(), "mutualrl:it")
     store = WeightStore()
     reg = TokenizerRegistry()
@@ -61,7 +62,8 @@ def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0, bank=0, temperature=1.0, v
                                sampling=SamplingSpec(n=8, max_new_tokens=4, temperature=temperature))
         intake = PeerIntake(arts.tokenizer, verifier, reg, ThlBudget())
         settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(), sharing=sharing,
-                                   optim=OptimConfig(lr=lr, warmup_steps=warmup_steps), peer_deadline_s=2.0,
+                                   optim=OptimConfig(lr=lr, warmup_steps=warmup_steps, state_dtype=state_dtype),
+                                   peer_deadline_s=2.0,
                                    temperature=temperature, no_signal_warn_steps=2)
         learner = Learner(name, arts.model, arts.tokenizer, ex, intake, store, settings,
                           peers=[n for n in pols if n != name])
@@ -69,8 +71,10 @@ def _setup(task, mode="sgt", lr=1e-2, warmup_steps=0, bank=0, temperature=1.0, v
     return ex, store, out
 
 
-def test_grpo_step_raises_logprob_of_rewarded_completions(arithmetic_task):
-    ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3)
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_grpo_step_raises_logprob_of_rewarded_completions(arithmetic_task, state_dtype):
+    """With either optimiser state (bf16 moments: docs/algorithms.md §7.4) the step moves the right way."""
+    ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3, state_dtype=state_dtype)
     arts, eng, worker, learner = pols["a"]
     problems = arithmetic_task.train[:8]
     spy = ex.subscribe("spy", ["rollout"], ["a"])

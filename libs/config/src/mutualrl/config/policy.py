@@ -142,6 +142,10 @@ class OptimConfig(_Strict):
                                          "model's output head is a separate matrix (no gradient, no AdamW state: "
                                          "1.6 GB less for Qwen2.5-0.5B's 136 M-entry table, which RL on a handful of "
                                          "task tokens barely moves). Ignored, with a note, for a tied head.")
+    state_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="AdamW's two moments per trained parameter: float32 (torch's fused AdamW, 8 bytes) or "
+        "bfloat16 with stochastic rounding (4 bytes: 2 GB less for the 0.5B Qwen; the weights stay fp32; "
+        "docs/algorithms.md §7.4). Not for a sharded learner (resources.learner_gpus > 1).")
 
 
 class WarmStartConfig(_Strict):
@@ -262,4 +266,14 @@ class PolicyConfig(_Strict):
             raise ValueError(f"policy {self.name!r}: a built model needs tokenizer.kind or tokenizer.path")
         if self.model.path and self.tokenizer.kind:
             raise ValueError(f"policy {self.name!r}: a loaded model uses its own tokenizer; drop tokenizer.kind")
+        return self
+
+    @model_validator(mode="after")
+    def _optimiser_state(self) -> "PolicyConfig":
+        if self.optim.state_dtype == "bfloat16" and self.resources.learner_gpus > 1:
+            raise ValueError(f"policy {self.name!r}: optim.state_dtype bfloat16 updates whole tensors on one rank; a "
+                             f"sharded learner (resources.learner_gpus {self.resources.learner_gpus}) needs float32")
+        if self.optim.state_dtype == "bfloat16" and self.model.dtype in ("bfloat16", "float16"):
+            raise ValueError(f"policy {self.name!r}: optim.state_dtype bfloat16 keeps fp32 master weights; "
+                             f"model.dtype {self.model.dtype} has none (use bf16-mixed or float32)")
         return self

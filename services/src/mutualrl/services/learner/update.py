@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from mutualrl.models.host import read_scalars
+from mutualrl.models.optimizer import make_optimizer
 from mutualrl.models.sharding import full_value
 from mutualrl.runtime.memory import return_freed_memory
 from mutualrl.services.learner.micro_batches import LearnerForward, plan_micro_batches
@@ -62,11 +63,9 @@ class PolicyUpdate:
         self.forward = LearnerForward(model, pad_id, settings.temperature,
                                       lambda: settings.precision.context(settings.device))
         self.correct_behaviour = settings.behaviour_correction
-        # fused: the update of a mini-batch without learning signal is skipped on the device
-        # (``found_inf``), so the host never waits for a gradient norm mid-step
         freeze_input_embeddings(model, settings.optim.train_input_embeddings)
-        self.opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=settings.optim.lr,
-                                     weight_decay=settings.optim.weight_decay, fused=True)
+        self.opt = make_optimizer([q for q in model.parameters() if q.requires_grad], lr=settings.optim.lr,
+                                  weight_decay=settings.optim.weight_decay, state_dtype=settings.optim.state_dtype)
 
     @property
     def decoupled(self) -> bool:
