@@ -68,3 +68,52 @@ def test_a_version_streams_into_an_engines_tensors_and_a_bad_one_leaves_them_as_
         assert torch.equal(v, served[k]), f"{k} changed by a refused version"
     store.load_into(uri2, checksum2, engine.state_dict())
     assert torch.equal(engine.model.norm.weight, learner.model.norm.weight + 1)
+
+
+def test_the_tensor_file_reads_what_safetensors_wrote_and_refuses_a_broken_file(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from mutualrl.weights.tensor_file import TensorFile
+
+    state = {"b.bias": torch.arange(5, dtype=torch.bfloat16), "a.weight": torch.randn(4, 3),
+             "c.ids": torch.tensor([[1, 2], [3, 4]], dtype=torch.int64), "d.empty": torch.zeros(0, 7)}
+    path = tmp_path / "model.safetensors"
+    save_file(state, str(path), metadata={"checksum": "x"})
+    with TensorFile(path) as f:
+        assert f.keys() == sorted(state) and f.shape("a.weight") == (4, 3)
+        for k, v in state.items():
+            got = f.read(k)
+            assert got.dtype == v.dtype and torch.equal(got, v)
+    path.write_bytes(path.read_bytes()[:-10])  # cut short: the header points past the end
+    with pytest.raises(ValueError, match="not a readable safetensors file|lies outside"):
+        TensorFile(path)
+    (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        TensorFile(tmp_path / "junk.safetensors")
+
+
+def test_loading_a_version_does_not_map_the_file_into_the_reader(tmp_path):
+    """The rollout side's resident memory while it loads a version: its own tensors and one tensor's buffer, not
+    the whole file beside them (safe_open's map kept every page it touched resident)."""
+    import sys
+
+    import torch
+
+    from mutualrl.runtime.memory import StagePeaks
+    from mutualrl.weights import WeightStore
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    store = WeightStore(tmp_path)
+    state = {f"layer{i}.weight": torch.randn(1024, 1024) for i in range(64)}  # 256 MiB in 64 tensors of 4 MiB
+    uri, checksum = store.put("a", 1, state)
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    del state
+    peaks = StagePeaks()
+    peaks.enter("before")
+    peaks.enter("load")
+    store.load_into(uri, checksum, target)
+    peaks.enter(None)
+    assert peaks.peaks["load"] - peaks.peaks["before"] < 0.1  # GiB: well under the file's 0.25
+    assert torch.equal(target["layer3.weight"], store.get(uri)["layer3.weight"])

@@ -15,9 +15,9 @@ import threading
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from mutualrl.weights.tensor_file import TensorFile
 from mutualrl.weights.transport import Announce, TensorManifest, checksum_of_stream, tensor_checksum, untied
 
 
@@ -115,17 +115,17 @@ class WeightStore:
         path = Path(uri) / "model.safetensors"
         if not path.is_file():
             raise FileNotFoundError(f"no weights at {uri}")
-        with safe_open(str(path), framework="pt") as f:
-            names = sorted(f.keys())
-            _check_fits(uri, {k: tuple(f.get_slice(k).get_shape()) for k in names}, target)
+        with TensorFile(path) as f:  # ordinary reads: the file is never mapped into this process (tensor_file.py)
+            names = f.keys()
+            _check_fits(uri, {k: f.shape(k) for k in names}, target)
             ident = self._identity(uri, {})
             if checksum and self._verified.get(uri) != (checksum, ident):
-                if checksum_of_stream((k, f.get_tensor(k)) for k in names) != checksum:
+                if checksum_of_stream((k, f.read(k)) for k in names) != checksum:
                     raise ValueError(f"checksum mismatch for {uri}")
                 self._verified[uri] = (checksum, ident)
             with torch.no_grad():
                 for k in names:
-                    target[k].copy_(f.get_tensor(k))
+                    target[k].copy_(f.read(k))
 
     @staticmethod
     def _identity(uri: str, state: dict[str, torch.Tensor]) -> object:
