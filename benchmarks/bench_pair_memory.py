@@ -73,7 +73,7 @@ def main() -> None:
     from mutualrl.config.loading import apply_overrides
 
     sets = [f"budget.steps={args.steps}", "eval.every=100000", *args.sets]
-    figures: dict = {"config": str(args.config.relative_to(ROOT)), "steps": args.steps, "overrides": sets,
+    figures: dict = {"config": str(args.config.resolve().relative_to(ROOT)), "steps": args.steps, "overrides": sets,
                      "threads": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
         where = args.keep or Path(tmp)
