@@ -12,12 +12,14 @@ from mutualrl.config.schema import (
     MODEL_PRESETS,
     AlgorithmConfig,
     CapabilityConfig,
+    OptimConfig,
     PrpConfig,
     TaskConfig,
     XgrpoConfig,
 )
 from mutualrl.grpo import CAPABILITY_METRICS, LOSS_AGG_MODES, POLICY_LOSSES, PRP_RATIO_LEVELS, XGRPO_VARIANTS
 from mutualrl.grpo.kl import KL_ESTIMATORS
+from mutualrl.models.optimizer import STATE_DTYPES
 from mutualrl.models.presets import PRESETS
 from mutualrl.tasks import TASKS
 from mutualrl.tasks.answers import ANSWER_FORMATS
@@ -41,6 +43,7 @@ def _literal(model, field: str) -> list[str]:
     (CapabilityConfig, "metric", CAPABILITY_METRICS),
     (TaskConfig, "answer_format", ANSWER_FORMATS),
     (TaskConfig, "name", TASKS),
+    (OptimConfig, "state_dtype", STATE_DTYPES),
 ], ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", ""))
 def test_a_config_literal_lists_what_its_library_defines(model, field, defined):
     assert _literal(model, field) == sorted(defined)

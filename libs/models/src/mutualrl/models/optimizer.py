@@ -17,6 +17,9 @@ from collections.abc import Iterable
 
 import torch
 
+STATE_DTYPES = ("float32", "bfloat16")
+"""``optim.state_dtype``'s values (the config lists them without importing this library)."""
+
 CHUNK = 1 << 22
 """Elements updated at once: a large tensor (an embedding table) is updated in slices of this many, so the fp32
 working copies of its moments stay small (4 Mi elements: 16 MB each)."""
@@ -117,8 +120,8 @@ def make_optimizer(params: list[torch.Tensor], *, lr: float, weight_decay: float
     """The learner's AdamW: torch's fused one (fp32 state), or :class:`AdamWBf16State` for ``bfloat16``."""
     if state_dtype == "bfloat16":
         return AdamWBf16State(params, lr=lr, weight_decay=weight_decay, seed=seed)
-    if state_dtype != "float32":
-        raise ValueError(f"optim.state_dtype must be float32 or bfloat16, not {state_dtype!r}")
+    if state_dtype not in STATE_DTYPES:
+        raise ValueError(f"optim.state_dtype must be one of {STATE_DTYPES}, not {state_dtype!r}")
     # fused: the update of a mini-batch without learning signal is skipped on the device (``found_inf``), so the
     # host never waits for a gradient norm mid-step
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
