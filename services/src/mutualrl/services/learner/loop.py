@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,11 +69,19 @@ def restore_rng(state: dict) -> None:
 
 
 def save_state(path: Path, state: dict, step: int, policy: str = "") -> None:
-    """Write a learner checkpoint atomically: a crash leaves the previous one intact."""
+    """Write a learner checkpoint atomically: a crash leaves the previous one intact. A write that fails (a full
+    disk: torch reports it as "basic_ios::clear: iostream error") says where, how much room is left, and removes
+    its partial file."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+    try:
+        torch.save(state, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as err:
+        tmp.unlink(missing_ok=True)
+        free = shutil.disk_usage(path.parent).free / 2**30
+        raise OSError(f"could not write the checkpoint of {policy or 'the learner'} at step {step} to {path} "
+                      f"({free:.1f} GiB free on that disk): {err}") from err
     fault_point("during_checkpoint", step, path.parent, policy)  # written, not yet in place
     os.replace(tmp, path)
 
