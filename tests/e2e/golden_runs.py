@@ -15,7 +15,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 # seconds and timestamps differ on every run; everything else is a function of the seed
-TIMING_KEYS = {"step_s", "gen_s", "train_s", "wall_time", "stage_seconds"}
+# measured, not computed: seconds, and the process's memory per stage (which depends on the machine and allocator)
+TIMING_KEYS = {"step_s", "gen_s", "train_s", "wall_time", "stage_seconds", "stage_peak_rss_gib"}
 # the demo's own warm start (cached once per test session, shared with the other runs of the demo)
 # so the policies have rewards to learn from; three short steps of each mode after it
 SMALL = ["budget.steps=3", "budget.prompts_per_step=8", "eval.every=3", "eval.size=32"]

@@ -101,3 +101,15 @@ def test_settings_the_run_settles_after_loading_do_not_refuse_its_own_resume_poi
     # the fingerprint matched: what is refused is the (empty) set of policies this bare resume point holds
     with pytest.raises(ConfigError, match=r"holds policies \[\]"):
         embedded._Resumption(load_config(ROOT / "examples" / "demo.yaml", SETS), out)
+
+
+def test_a_setting_at_its_default_is_not_part_of_the_fingerprint():
+    """A release that adds a setting (at a default keeping the old behaviour) resumes the runs of the one before:
+    the fingerprint is of what the run was told. Giving a setting its default value is the same run; changing
+    it is another."""
+    cfg = load_config(ROOT / "examples" / "demo.yaml", SETS)
+    name = cfg.policies[0].name
+    same = load_config(ROOT / "examples" / "demo.yaml", [*SETS, f"policies.{name}.optim.state_dtype=float32"])
+    other = load_config(ROOT / "examples" / "demo.yaml", [*SETS, f"policies.{name}.optim.state_dtype=bfloat16"])
+    assert config_fingerprint(same) == config_fingerprint(cfg) != config_fingerprint(other)
+    assert "state_dtype" not in json.dumps(cfg.model_dump(mode="json", exclude_defaults=True))

@@ -42,8 +42,10 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     """What a resume point must agree with: the config as loaded, less how it is checkpointed and tracked.
     Taken before the run starts, and kept: loading the models settles settings the config left open
     (``optim.lr`` by a model's size), and a fingerprint taken after that would never match the config as a
-    restarted run loads it."""
-    data = cfg.model_dump(mode="json", by_alias=True)
+    restarted run loads it. Settings at their defaults are left out, so a release that adds a setting (at a
+    default that keeps today's behaviour) can resume the runs of the one before it: the fingerprint is of what the
+    run was told, not of every setting the code knows."""
+    data = cfg.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     for k in _NOT_FINGERPRINTED:
         data.pop(k, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
