@@ -488,23 +488,30 @@ def _tiny_model_dir(out: Path) -> Path:
     return out
 
 
+def _benchmark_json(b: Bench, script: str, args: list[str]) -> dict:
+    """benchmarks/<script> with ``args`` in a subprocess, within the budget: the figures its ``--json`` wrote (a
+    script that exits non-zero after writing them, a missed goal, still gives them); none written is an error
+    carrying the end of its output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)],
+                              capture_output=True, text=True, timeout=max(30, b.left_s() - 5))
+        print(proc.stdout[-1500:], flush=True)
+        if not out.is_file():
+            raise RuntimeError(f"{script} exited {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}")
+        return json.loads(out.read_text())
+
+
 def _vs_trl(b: Bench, model_dir: Path, device: str, dtype: str, skip: list[str], sets: tuple[str, ...] = ()) -> dict:
     """benchmarks/bench_vs_trl.py in a subprocess (each side in its own process there): SmolLM2's shape with
     random weights, our built-in sums, 4 x 8 rows of 48 new tokens (the issue's figure), 4 steps."""
     size = ["--steps", "4", "--prompts", "4", "--group", "8", "--max-new-tokens", "48"]
     if b.dry:
         size = ["--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "4"]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "vs_trl.json"
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_vs_trl.py"), *size, "--device", device,
-               "--dtype", dtype, "--model-dir", str(model_dir), "--random-weights", "--task", "arithmetic",
-               "--skip", "up", "--skip", "limits", *[a for s in skip for a in ("--skip", s)],
-               *[a for s in sets for a in ("--set", s)], "--json", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, b.left_s() - 5))
-        print(proc.stdout[-1500:], flush=True)
-        if not out.is_file():
-            raise RuntimeError(f"bench_vs_trl exited {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}")
-        figures = json.loads(out.read_text())
+    figures = _benchmark_json(b, "bench_vs_trl.py", [
+        *size, "--device", device, "--dtype", dtype, "--model-dir", str(model_dir), "--random-weights", "--task",
+        "arithmetic", "--skip", "up", "--skip", "limits", *[a for s in skip for a in ("--skip", s)],
+        *[a for s in sets for a in ("--set", s)]])
     keep = ("steps_per_s", "step_s", "tokens_per_s", "peak_rss_gib", "stages")
     res = {side: {k: figures[side][k] for k in keep if k in figures[side]}
            for side in ("run", "trl") if side in figures}
@@ -597,18 +604,11 @@ def pair_memory_bf16(b: Bench) -> dict:
             if b.left_s() < 150 and not b.dry:
                 out[f"{mode}_{dtype}"] = {"skipped": f"{b.left_s():.0f} s left"}
                 continue
-            res = Path(tmp) / f"{mode}-{dtype}.json"
-            cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_pair_memory.py"), *size, "--skip",
-                   "run" if mode == "up" else "up", "--task", "arithmetic", "--json", str(res),
-                   "--random-weights", f"smollm2={small}", "--random-weights", f"qwen-coder={large}",
-                   *[a for name in ("smollm2", "qwen-coder")
-                     for a in ("--set", f"policies.{name}.model.dtype={dtype}")]]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, b.left_s() - 5))
-            print(proc.stdout[-1200:], flush=True)
-            if not res.is_file():
-                raise RuntimeError(f"bench_pair_memory exited {proc.returncode}:\n{proc.stdout[-1500:]}\n"
-                                   f"{proc.stderr[-2500:]}")
-            fig = json.loads(res.read_text())[mode]
+            fig = _benchmark_json(b, "bench_pair_memory.py", [
+                *size, "--skip", "run" if mode == "up" else "up", "--task", "arithmetic",
+                "--random-weights", f"smollm2={small}", "--random-weights", f"qwen-coder={large}",
+                *[a for name in ("smollm2", "qwen-coder") for a in ("--set", f"policies.{name}.model.dtype={dtype}")]
+            ])[mode]
             out[f"{mode}_{dtype}"] = {k: fig.get(k) for k in ("peak_rss_gib", "peak_anon_gib", "process_peak_gib",
                                                                "process_peak_anon_gib", "steps", "step_s", "policies")}
             b.out["sections"]["pair_memory_bf16"] = {"status": "partial", **out}

@@ -69,7 +69,7 @@ class StagePeaks:
     (`mutualrl run`) a stage's peak is the whole process's while that stage ran."""
 
     def __init__(self) -> None:
-        self.enabled = reset_peak_resident()
+        self.enabled = True  # until the kernel refuses a reset
         self.peaks: dict[str, float] = {}
         self._stage: str | None = None
 
@@ -83,4 +83,4 @@ class StagePeaks:
                 self.peaks[self._stage] = round(peak / 2**30, 3)
         self._stage = stage
         if stage is not None:
-            reset_peak_resident()
+            self.enabled = reset_peak_resident()

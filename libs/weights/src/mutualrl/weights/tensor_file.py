@@ -13,6 +13,7 @@ the data, offsets counted from its start."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -70,10 +71,7 @@ class TensorFile:
         if self._f.readinto(buf) != len(buf):
             raise ValueError(f"{self.path}: tensor {name!r} is cut short")
         t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-        expected = 1
-        for d in shape:
-            expected *= d
-        if t.numel() != expected:
+        if t.numel() != math.prod(shape):
             raise ValueError(f"{self.path}: tensor {name!r} holds {t.numel()} values for shape {shape}")
         return t.reshape(shape)
 
