@@ -59,6 +59,7 @@ demo: setup
 # the real-model extra (gguf, accelerate, reasoning-gym): tests of SmolLM2 and reasoning-gym tasks need it;
 # the tracking extra (MLflow's client, W&B): the tracker tests; `make setup` stays quick without them
 REAL_STAMP := $(VENV)/.real-extra
+BENCH_STAMP := $(VENV)/.bench-extra
 $(REAL_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,real,tracking]"
 	touch $@
@@ -73,7 +74,7 @@ $(MLFLOW_VENV)/.installed:
 
 real: $(REAL_STAMP)
 
-test: setup $(REAL_STAMP) $(MLFLOW_VENV)/.installed lint
+test: setup $(BENCH_STAMP) $(MLFLOW_VENV)/.installed lint
 	$(BIN)/python -m pytest -q --durations=25 -m "not slow and not vllm and not deploy" --ignore=tests/deploy tests
 
 # pyflakes-class errors everywhere; a docstring on every public class of the package
@@ -126,8 +127,8 @@ test-vllm: setup $(VLLM_VENV)/.installed
 test-slow: setup $(REAL_STAMP)
 	$(BIN)/python -m pytest -q -m "slow and not vllm" --ignore=tests/deploy tests
 
-# every benchmark runs; those whose goals were missed are named at the end (exit 1)
-BENCH_STAMP := $(VENV)/.bench-extra
+# every benchmark runs; those whose goals were missed are named at the end (exit 1). `make test` installs
+# this extra too: the GPU script's dry run trains TRL's GRPOTrainer beside ours (tests/integration/test_gpu_script.py)
 $(BENCH_STAMP): $(REAL_STAMP)
 	$(BIN)/pip install -q -c constraints-cpu.txt --no-build-isolation -e ".[dev,real,tracking,bench]"
 	touch $@

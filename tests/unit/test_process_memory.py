@@ -17,7 +17,8 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 def test_a_stage_peak_sees_what_the_stage_allocated_and_the_next_stage_starts_afresh():
     peaks = StagePeaks()
     assert peaks.enabled
-    base = peak_resident_bytes()
+    assert reset_peak_resident()
+    base = peak_resident_bytes()  # what the process holds now: its lifetime peak may lie far above (earlier tests)
     peaks.enter("big")
     block = np.ones(400 * 2**20 // 8)  # 400 MiB, touched
     del block
