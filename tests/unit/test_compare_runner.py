@@ -246,3 +246,37 @@ def test_a_subset_of_entries_and_seeds_trains_alone_and_the_report_covers_every_
     assert results["pairs"]["demo"]["grpo"]["llama-char"]["seeds"] == [0, 1]
     with pytest.raises(Exception, match="no entry nope"):
         spec.subset(["nope"])
+
+
+def test_the_report_shows_each_edges_example_hints_verified_first(tmp_path):
+    """SGT-R's step records keep a few (hint, rescue sample) pairs; the report shows up to five per edge of the first
+    seed that has any, verified samples first, each text one table cell (newlines and pipes cannot break the row)."""
+    base = _fake_run([])
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        if cfg.sharing.mode != "sgt":
+            return
+        receiver, peer = cfg.policies[0].name, cfg.policies[1].name
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for step in range(1, 5):
+            recs.append({"step": step, "policy": receiver, "hint_examples": [
+                {"source": peer, "prompt": "2+2?", "hint": f"2 + 2 = 4 | step {step}\nso <answer>…</answer>",
+                 "delta": 0.5 * step, "sample": f"it is {step}", "reward": float(step == 3)},
+                {"source": peer, "prompt": "3+3?", "hint": None, "delta": None, "sample": "6", "reward": 0.0}]})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    receiver = next(iter(res["pairs"]["demo"]["sgt"]))
+    exs = res["pairs"]["demo"]["sgt"][receiver]["hint_examples"]
+    assert len(exs) == 5 and exs[0]["step"] == 3 and exs[0]["reward"] == 1.0  # the verified one first
+    assert [e["step"] for e in exs[1:]] == [1, 1, 2, 2]
+    assert all(not r.get("hint_examples") for r in res["pairs"]["demo"]["grpo"].values())
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md.split("### Example hints and rescue samples")[1]
+    rows = [x for x in section.splitlines() if x.startswith("| 3 |")]
+    assert rows == ["| 3 | " + exs[0]["source"] + " | 2 + 2 = 4 \\| step 3 ⏎ so <answer>…</answer> | +1.50 | it is 3 "
+                    "| yes |"]
+    assert "| 1 | " + exs[0]["source"] + " | – | – | 6 | no |" in section  # a plain resample

@@ -294,6 +294,24 @@ def _sharing_counts(d: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def _hint_examples(d: Path, per_edge: int = 5) -> dict[str, list[dict]]:
+    """Per receiving policy: up to ``per_edge`` of the (hint, rescue sample) pairs its step records kept for each
+    incoming edge (``hint_examples``), verified samples first, then by step, so a report shows what a peer's hint
+    looked like in the receiver's prompt and what the receiver wrote from it."""
+    found: dict[str, dict[str, list[dict]]] = {}
+    for rec in read_metrics(d / "metrics.jsonl"):
+        for ex in rec.get("hint_examples") or ():
+            if isinstance(ex, dict) and isinstance(ex.get("sample"), str):
+                found.setdefault(rec["policy"], {}).setdefault(str(ex.get("source")), []).append(
+                    {**ex, "step": rec.get("step")})
+    out: dict[str, list[dict]] = {}
+    for policy, edges in found.items():
+        for exs in edges.values():
+            exs.sort(key=lambda e: (-(float(e.get("reward") or 0) > 0), e.get("step") or 0))
+            out.setdefault(policy, []).extend(exs[:per_edge])
+    return out
+
+
 def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
     """Each count's mean over an entry's runs."""
     return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]} if runs else None
@@ -327,7 +345,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 w = walls.setdefault(entry, {"run": [], "rl": []})
                 w["run"].append(float(summary.get("elapsed_s", 0.0)))
                 w["rl"].append(float(summary.get("rl_s", summary.get("elapsed_s", 0.0))))
-                curves, fmt, sharing = _curves(d), _answer_format(d), _sharing_counts(d)
+                curves, fmt, sharing, examples = _curves(d), _answer_format(d), _sharing_counts(d), _hint_examples(d)
                 for policy, p in summary["policies"].items():
                     evals = read_evals(d / "evals" / f"{policy}.jsonl")
                     per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
@@ -338,6 +356,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                         "style": {"start": answer_style(evals[0]["texts"], fmt),
                                   "final": answer_style(evals[-1]["texts"], fmt)} if evals else None,
                         "sharing": sharing.get(policy),
+                        "hint_examples": examples.get(policy, []),
                     }
         pair_out: dict = {}
         base = per.get(spec.baseline, {})
@@ -371,6 +390,9 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                     if entry != spec.baseline else None
                 row["style"] = _mean_style([v["style"] for v in seeds.values() if v.get("style")])
                 row["sharing"] = _mean_counts([v["sharing"] for v in seeds.values() if v.get("sharing")])
+                # the examples of the first seed that kept any: what the hints and rescues looked like
+                row["hint_examples"] = next((seeds[s]["hint_examples"] for s in sorted(seeds)
+                                             if seeds[s]["hint_examples"]), [])
                 pair_out[entry][policy] = row
         results["pairs"][pair] = pair_out
         results["steps_by_pair"][pair] = sorted(steps_seen)
@@ -495,7 +517,8 @@ def report_md(results: dict) -> str:
                              f"{format_ci(r['gain'], signed=True)} | "
                              f"{format_ci(r['auc'])} | {format_ci(r['rollouts_to_target_ratio'], pct=False)} | "
                              f"{format_ci(r['paired_vs_baseline'], signed=True)} |")
-        lines += ["", *_wall_lines(results, pair), *_detail_lines(entries, policies)]
+        lines += ["", *_wall_lines(results, pair), *_detail_lines(entries, policies),
+                  *_example_lines(entries, policies)]
     links = results.get("tracking") or {}
     if links:
         lines += ["## In a tracker", ""]
@@ -547,6 +570,38 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
         out.append(f"| {e} | {p} | {problems(r.get('per_problem_vs_baseline'))} | {style(st.get('start'))} | "
                    f"{style(st.get('final'))} | {sharing(r.get('sharing'))} |")
     return [*out, ""]
+
+
+def _cell(text: str | None, limit: int = 160) -> str:
+    """A text as one Markdown table cell: newlines shown as ⏎, pipes escaped, cut to ``limit`` characters."""
+    if text is None:
+        return "–"
+    t = text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", " ⏎ ").strip()
+    return (t[:limit] + " …") if len(t) > limit else (t or "(empty)")
+
+
+def _example_lines(entries: dict, policies: list[str]) -> list[str]:
+    """Per entry and receiving policy, the hints its peers' successes became and the rescue sample the receiver
+    wrote from each (verified ones first): the report's evidence of what a rescue looked like, not only its count."""
+    out: list[str] = []
+    for e, per in entries.items():
+        for p in policies:
+            exs = (per.get(p) or {}).get("hint_examples") or []
+            if not exs:
+                continue
+            if not out:
+                out += ["### Example hints and rescue samples", "",
+                        "The first seed's, up to five per edge, verified rescue samples first. A hint of – is a plain "
+                        "resample (no hint text); Δ is the information gate's log-probability gain (– when not "
+                        "measured).", ""]
+            out += [f"**{e}, {p}**", "", "| step | from | hint | Δ | rescue sample | verified |",
+                    "|---|---|---|---|---|---|"]
+            for x in exs:
+                delta = "–" if x.get("delta") is None else f"{float(x['delta']):+.2f}"
+                out.append(f"| {x.get('step', '–')} | {x.get('source')} | {_cell(x.get('hint'))} | {delta} | "
+                           f"{_cell(x.get('sample'))} | {'yes' if float(x.get('reward') or 0) > 0 else 'no'} |")
+            out.append("")
+    return out
 
 
 def _wall_lines(results: dict, pair: str) -> list[str]:
