@@ -4,6 +4,7 @@ left uninterrupted."""
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -53,8 +54,14 @@ def test_a_stopped_run_resumes_from_its_resume_point_and_ends_as_an_uninterrupte
     assert {s for _, s in _trained(out)} == {1, 2, 3}  # step 3 was written, and is past the resume point
     monkeypatch.setattr(embedded._Resumption, "after_step", after_step)
 
+    import torch
+
+    before = torch.load(out / RESUME_FILE, weights_only=False)["elapsed_s"]
     resumed = embedded.run_embedded(cfg(), out)
     assert resumed["resumed_after_step"] == 2
+    # the run's wall time spans its invocations: the seconds before the resume point are kept, so the whole run
+    # took longer than its RL steps (it took rl_s + loading + evaluations), and longer than this invocation alone
+    assert before > 0 and resumed["elapsed_s"] > before and resumed["elapsed_s"] >= resumed["rl_s"]
     assert not (out / RESUME_FILE).exists()
     a, b = _trained(tmp_path / "whole"), _trained(out)
     assert a.keys() == b.keys() == {(p, s) for p in ("llama-char", "qwen-bpe") for s in range(1, 4)}
@@ -94,13 +101,13 @@ def test_settings_the_run_settles_after_loading_do_not_refuse_its_own_resume_poi
     out = tmp_path / "o"
     out.mkdir()
     cfg = load_config(ROOT / "examples" / "demo.yaml", SETS)
-    resumption = embedded._Resumption(cfg, out)
+    resumption = embedded._Resumption(cfg, out, time.monotonic())
     for p in cfg.policies:  # as runtime.policy_setup does for a loaded model whose config sets no lr
         p.optim.lr = 1e-5
     resumption.after_step(2, {})
     # the fingerprint matched: what is refused is the (empty) set of policies this bare resume point holds
     with pytest.raises(ConfigError, match=r"holds policies \[\]"):
-        embedded._Resumption(load_config(ROOT / "examples" / "demo.yaml", SETS), out)
+        embedded._Resumption(load_config(ROOT / "examples" / "demo.yaml", SETS), out, time.monotonic())
 
 
 def test_a_setting_at_its_default_is_not_part_of_the_fingerprint():

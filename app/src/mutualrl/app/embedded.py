@@ -210,11 +210,12 @@ class _Resumption:
     """A run's resume points (mutualrl.app.resume_point): the one it starts from, if its directory holds one,
     and the ones it writes every ``checkpoint.resume_every`` steps."""
 
-    def __init__(self, cfg: ExperimentConfig, out_dir: Path):
+    def __init__(self, cfg: ExperimentConfig, out_dir: Path, started: float):
         self.cfg, self.out_dir = cfg, out_dir
         self.fingerprint = config_fingerprint(cfg)  # the config as loaded: the run settles some settings later
         self.point = load_resume_point(out_dir, cfg)
         self.rl_before = self.point.rl_s if self.point is not None else 0.0
+        self.elapsed_before, self.started = (self.point.elapsed_s if self.point is not None else 0.0), started
         self.rl_started = time.monotonic()
         self.runtimes: list[PolicyRuntime] = []
 
@@ -259,6 +260,11 @@ class _Resumption:
         """Seconds of RL steps so far, those before the resume point included."""
         return self.rl_before + time.monotonic() - self.rl_started
 
+    def elapsed_s(self) -> float:
+        """Wall seconds of the whole run so far: this invocation's, and those of the invocations before the resume
+        point (what one started later spent past its last resume point is lost with it, as its steps are)."""
+        return self.elapsed_before + time.monotonic() - self.started
+
     def after_step(self, step: int, last_eval: dict[str, float]) -> None:
         """Write a resume point when one is due (not after the last step: the final checkpoints follow)."""
         every = self.cfg.checkpoint.resume_every
@@ -266,7 +272,7 @@ class _Resumption:
             save_resume_point(
                 self.out_dir, self.fingerprint, step, {rt.name: rt.learner.state_dict() for rt in self.runtimes},
                 {rt.name: PolicyResume(rt.worker.total_rollouts, rt.warm_accuracy, rt.warm_steps, rt.pass_rate,
-                                       last_eval[rt.name]) for rt in self.runtimes}, self.rl_s())
+                                       last_eval[rt.name]) for rt in self.runtimes}, self.rl_s(), self.elapsed_s())
 
     def summary_fields(self) -> dict:
         return {"resumed_after_step": self.point.step} if self.point is not None else {}
@@ -289,7 +295,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
     out_dir.mkdir(parents=True, exist_ok=True)
-    resumption = _Resumption(cfg, out_dir)
+    resumption = _Resumption(cfg, out_dir, started)
     metrics_path = out_dir / "metrics.jsonl"
     kept = resumption.records_so_far()
     metrics_path.write_text("")
@@ -339,11 +345,11 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     writer.close()
     rl_s = resumption.rl_s()
 
-    return _finish(cfg, out_dir, runtimes, sink, last_eval, resumption, rl_s, started, rep)
+    return _finish(cfg, out_dir, runtimes, sink, last_eval, resumption, rl_s, rep)
 
 
 def _finish(cfg: ExperimentConfig, out_dir: Path, runtimes: list[PolicyRuntime], sink: RecordSink,
-            last_eval: dict[str, float], resumption: _Resumption, rl_s: float, started: float, rep: Reporter) -> dict:
+            last_eval: dict[str, float], resumption: _Resumption, rl_s: float, rep: Reporter) -> dict:
     """The budget is done: each policy's final checkpoint, the curves, the trackers' last numbers and
     ``summary.json``; then the resume point has served."""
     metrics_path = out_dir / "metrics.jsonl"
@@ -366,7 +372,7 @@ def _finish(cfg: ExperimentConfig, out_dir: Path, runtimes: list[PolicyRuntime],
         out_dir, cfg.name, cfg.sharing.describe(), cfg.budget.steps, policies,
         # wall seconds of the whole run and of its RL steps (evaluations included, warm starts,
         # model loading and the final checkpoints not): what a compare's budget is made of
-        elapsed_s=round(time.monotonic() - started, 1), rl_s=round(rl_s, 1),
+        elapsed_s=round(resumption.elapsed_s(), 1), rl_s=round(rl_s, 1),
         threads=torch.get_num_threads(), tracking=tracking, **resumption.summary_fields(),
     )
     discard_resume_point(out_dir)  # the final checkpoints and the summary are written: it has served

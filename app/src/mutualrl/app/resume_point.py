@@ -64,12 +64,14 @@ class PolicyResume:
 @dataclass
 class ResumePoint:
     """A loaded resume point: the last step it covers, each policy's learner state and numbers, the RL
-    seconds spent before it, and the random state to restore."""
+    seconds and the run's wall seconds spent before it (over every invocation so far), and the random state to
+    restore."""
     step: int
     learners: dict[str, dict]
     policies: dict[str, PolicyResume]
     rl_s: float
     rng: dict
+    elapsed_s: float = 0.0  # 0 in a resume point written before this was kept
 
     def restore_rng(self) -> None:
         """The random state as it was after the resume point's step."""
@@ -100,15 +102,16 @@ def load_resume_point(out_dir: Path, cfg: ExperimentConfig) -> ResumePoint | Non
         raise ConfigError(f"{path} holds policies {sorted(st['learners'])}, the config {sorted(names)}")
     return ResumePoint(step=int(st["step"]), learners=st["learners"],
                        policies={k: PolicyResume(**v) for k, v in st["policies"].items()},
-                       rl_s=float(st.get("rl_s", 0.0)), rng=st["rng"])
+                       rl_s=float(st.get("rl_s", 0.0)), rng=st["rng"], elapsed_s=float(st.get("elapsed_s", 0.0)))
 
 
 def save_resume_point(out_dir: Path, fingerprint: str, step: int, learners: dict[str, dict],
-                      policies: dict[str, PolicyResume], rl_s: float) -> None:
+                      policies: dict[str, PolicyResume], rl_s: float, elapsed_s: float = 0.0) -> None:
     """Write the resume point of ``step`` for the config of ``fingerprint`` (:func:`config_fingerprint` of
     the config as loaded), atomically: the previous one stays until this one is whole."""
     state = {"config": fingerprint, "step": step, "learners": learners,
-             "policies": {k: vars(v) for k, v in policies.items()}, "rl_s": rl_s, "rng": rng_state()}
+             "policies": {k: vars(v) for k, v in policies.items()}, "rl_s": rl_s, "elapsed_s": elapsed_s,
+             "rng": rng_state()}
     save_state(resume_path(out_dir), state, step)
 
 
