@@ -47,6 +47,11 @@ def test_rescue_samples_flow_between_learner_and_rollout_services_with_per_edge_
         mine = [r for r in steps if r["policy"] == name]
         assert sum(r["rescue_samples"] for r in mine) > 0, mine  # its rollout service answered the rounds
         assert not any(k.startswith("unavailable") for r in mine for k in (r["hint_refused"] or {}))
+        # the rescue samples are the policy's rollouts too: the budget compared across entries counts them
+        assert [r["rollouts"] for r in mine] == [sum(x["own_rollouts"] + x["rescue_samples"] for x in mine[:i + 1])
+                                                 for i in range(len(mine))]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["policies"][name]["rollouts"] == mine[-1]["rollouts"]
     for name in ("llama-char", "qwen-bpe"):  # every evaluation kept problem by problem: step 0 and the last
         evals = [json.loads(l) for l in (out / "evals" / f"{name}.jsonl").read_text().splitlines()]
         assert [e["step"] for e in evals] == [0, 2] and all(len(e["correct"]) == len(e["texts"]) == 32 for e in evals)

@@ -280,3 +280,38 @@ def test_the_report_shows_each_edges_example_hints_verified_first(tmp_path):
     assert rows == ["| 3 | " + exs[0]["source"] + " | 2 + 2 = 4 \\| step 3 ⏎ so <answer>…</answer> | +1.50 | it is 3 "
                     "| yes |"]
     assert "| 1 | " + exs[0]["source"] + " | – | – | 6 | no |" in section  # a plain resample
+
+
+def test_the_report_warns_when_the_runs_of_a_pair_trained_in_different_precisions(tmp_path):
+    """`model.dtype: auto` resolves by the CPU (bf16-mixed where it has bf16 instructions), so a compare resumed on
+    another machine can mix precisions; the report says which runs trained in which, from the summary or, for runs
+    written before the summary kept it, from the progress log's loading line."""
+    base = _fake_run([])
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        s = json.loads((d / "summary.json").read_text())
+        if cfg.sharing.mode == "sgt":
+            for v in s["policies"].values():
+                v["precision"] = "bf16-mixed"
+        else:  # an older run: only its progress log says
+            (d / "progress.log").write_text("".join(f"[    1.0s] [{p.name}] loading model (float32: auto: CPU without "
+                                                    "AVX-512 BF16)\n" for p in cfg.policies))
+        (d / "summary.json").write_text(json.dumps(s))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    mixed = res["mixed_precision_by_pair"]["demo"]
+    assert set(mixed) == {"llama-char", "qwen-bpe"}
+    assert mixed["llama-char"] == {"float32": ["grpo seed 0", "grpo seed 1", "grpo seed 2"],
+                                   "bf16-mixed": ["sgt seed 0", "sgt seed 1", "sgt seed 2"]}
+    assert "did not all train in the same precision" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_runs_of_one_precision_get_no_warning(tmp_path):
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", _fake_run([]))
+    res = write_report(spec, tmp_path / "out")
+    assert res["mixed_precision_by_pair"]["demo"] == {}
+    assert "same precision" not in (tmp_path / "out" / "report.md").read_text()

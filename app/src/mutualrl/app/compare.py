@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -312,6 +313,26 @@ def _hint_examples(d: Path, per_edge: int = 5) -> dict[str, list[dict]]:
     return out
 
 
+_LOADED = re.compile(r"\[([^\]]+)\] loading model \(([\w-]+):")
+
+
+def _precisions(d: Path, summary: dict) -> dict[str, str]:
+    """Per policy, the precision its run trained in: the summary's (runs since 2026-11-28), else the progress log's
+    "loading model (…)" line; ``model.dtype: auto`` resolves by the machine's CPU, so one compare's runs can differ."""
+    out = {k: v["precision"] for k, v in summary.get("policies", {}).items() if v.get("precision")}
+    log = d / "progress.log"
+    if log.is_file():
+        for m in _LOADED.finditer(log.read_text(errors="replace")):
+            out.setdefault(m.group(1), m.group(2))
+    return out
+
+
+def _note_precisions(seen: dict[str, dict[str, list[str]]], run: dict[str, str], label: str) -> None:
+    """Add one run's per-policy precision to ``seen`` (policy -> precision -> the runs that trained in it)."""
+    for policy, prec in run.items():
+        seen.setdefault(policy, {}).setdefault(prec, []).append(label)
+
+
 def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
     """Each count's mean over an entry's runs."""
     return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]} if runs else None
@@ -334,6 +355,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
         per: dict[str, dict[str, dict[int, dict]]] = {}
         walls: dict[str, dict[str, list[float]]] = {}  # entry -> {"run": [...], "rl": [...]} seconds per run
         steps_seen: set[int] = set()
+        precisions: dict[str, dict[str, list[str]]] = {}  # policy -> precision -> the runs trained in it
         for entry in spec.entries:
             for seed in spec.seeds:
                 d = run_dir(out, entry, pair, seed)
@@ -346,6 +368,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 w["run"].append(float(summary.get("elapsed_s", 0.0)))
                 w["rl"].append(float(summary.get("rl_s", summary.get("elapsed_s", 0.0))))
                 curves, fmt, sharing, examples = _curves(d), _answer_format(d), _sharing_counts(d), _hint_examples(d)
+                _note_precisions(precisions, _precisions(d, summary), f"{entry} seed {seed}")
                 for policy, p in summary["policies"].items():
                     evals = read_evals(d / "evals" / f"{policy}.jsonl")
                     per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
@@ -396,6 +419,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 pair_out[entry][policy] = row
         results["pairs"][pair] = pair_out
         results["steps_by_pair"][pair] = sorted(steps_seen)
+        results.setdefault("mixed_precision_by_pair", {})[pair] = {p: v for p, v in precisions.items() if len(v) > 1}
         results["wall_by_pair"][pair] = {e: {"run_s": ci95(w["run"]), "rl_s": ci95(w["rl"])} for e, w in walls.items()}
     results["compute"] = compute(spec, out)
     results["tracking"] = tracking_links(out)
@@ -517,6 +541,12 @@ def report_md(results: dict) -> str:
                              f"{format_ci(r['gain'], signed=True)} | "
                              f"{format_ci(r['auc'])} | {format_ci(r['rollouts_to_target_ratio'], pct=False)} | "
                              f"{format_ci(r['paired_vs_baseline'], signed=True)} |")
+        mixed = (results.get("mixed_precision_by_pair") or {}).get(pair) or {}
+        if mixed:
+            lines += ["**Warning: these runs did not all train in the same precision** (`model.dtype: auto` resolves "
+                      "by the machine's CPU); a difference between entries may be the precision's: " + "; ".join(
+                          f"{p}: " + ", ".join(f"{prec} ({', '.join(runs)})" for prec, runs in v.items())
+                          for p, v in mixed.items()) + ".", ""]
         lines += ["", *_wall_lines(results, pair), *_detail_lines(entries, policies),
                   *_example_lines(entries, policies)]
     links = results.get("tracking") or {}

@@ -92,6 +92,14 @@ class PolicyRuntime:
     warm_accuracy: float
     warm_steps: int
     pass_rate: dict | None = None  # the sampled pass rate before RL (pretrained policies), as summary.json keeps it
+    precision: str = "float32"  # as resolved on this machine (model.dtype auto differs by CPU): summary.json keeps it
+    rescue_rollouts: int = 0  # SGT-R rescue samples drawn by this invocation (a resumed run's earlier ones are in
+    # the worker's count, restored from the resume point)
+
+    @property
+    def rollouts(self) -> int:
+        """Every completion the policy's engine sampled for training: its groups and its rescue samples."""
+        return self.worker.total_rollouts + self.rescue_rollouts
 
 
 class Reporter:
@@ -143,7 +151,8 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
         loop = LearnerLoop(learner, lambda model, step, pp=pp, log=log: evaluate(pp, model, task, verifier, cfg, log,
                                                                                 step),
                            steps=cfg.budget.steps, eval_every=cfg.eval_every(p.name))
-        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps, pass_rate))
+        runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps, pass_rate,
+                                      precision=pp.precision.name))
     return runtimes
 
 
@@ -179,6 +188,9 @@ def _train(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: Pr
         recent = []
         for rt in runtimes:
             rec = rt.loop.step(step, problems, sampled[step][rt.name]).record
+            rt.rescue_rollouts += rec.rescue_samples()  # the rescue round sampled after the step's groups
+            if rec.rollouts is not None:
+                rec.rollouts += rt.rescue_rollouts
             followers[rt.name].load_newest()
             if rec.eval_accuracy is not None:
                 last_eval[rt.name] = rec.eval_accuracy
@@ -195,11 +207,11 @@ def _policy_summaries(runtimes: list[PolicyRuntime], last_eval: dict[str, float]
         rt.name: policy_summary(
             source=rt.artifacts.source, params=rt.artifacts.num_params, warm_start_steps=rt.warm_steps,
             warm_start_accuracy=rt.warm_accuracy, final_accuracy=last_eval[rt.name],
-            rollouts=rt.worker.total_rollouts,
+            rollouts=rt.rollouts,
             rescue_count=rt.learner.totals["rescues"],
             peer_rejections={k.removeprefix("rejected_"): v for k, v in rt.learner.totals.items()
                              if k.startswith("rejected_")},
-            tokenizer_fingerprint=rt.artifacts.fingerprint,
+            tokenizer_fingerprint=rt.artifacts.fingerprint, precision=rt.precision,
             **({"pass_rate_before_rl": rt.pass_rate} if rt.pass_rate is not None else {}),
         )
         for rt in runtimes
@@ -271,7 +283,7 @@ class _Resumption:
         if every and step % every == 0 and step < self.cfg.budget.steps:
             save_resume_point(
                 self.out_dir, self.fingerprint, step, {rt.name: rt.learner.state_dict() for rt in self.runtimes},
-                {rt.name: PolicyResume(rt.worker.total_rollouts, rt.warm_accuracy, rt.warm_steps, rt.pass_rate,
+                {rt.name: PolicyResume(rt.rollouts, rt.warm_accuracy, rt.warm_steps, rt.pass_rate,
                                        last_eval[rt.name]) for rt in self.runtimes}, self.rl_s(), self.elapsed_s())
 
     def summary_fields(self) -> dict:

@@ -308,8 +308,8 @@ def merge_outputs(cfg: ExperimentConfig, out: Path, starts: dict[str, tuple[floa
             rec = per_policy.get(p.name, {}).get(step)
             if rec is None:
                 continue
-            # counted by the learner, not assumed
-            rollouts[p.name] = rollouts.get(p.name, 0) + rec.own_rollouts
+            # counted by the learner, not assumed; SGT-R's rescue samples are the policy's rollouts too
+            rollouts[p.name] = rollouts.get(p.name, 0) + rec.own_rollouts + rec.rescue_samples()
             rec.rollouts = rollouts[p.name]
             rec.shared_out = shared_out.get((p.name, step), 0)
             if rec.eval_accuracy is not None:

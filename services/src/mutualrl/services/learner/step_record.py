@@ -81,6 +81,11 @@ class StepRecord:
     wall_time: float | None = None
     eval_accuracy: float | None = None  # held-out accuracy, on steps that evaluated
 
+    def rescue_samples(self) -> int:
+        """Completions the policy's own engine sampled in the step's SGT-R rescue round: its rollouts too, counted
+        in ``rollouts`` beside its own groups (docs/algorithms.md §3.5)."""
+        return int(self.extra.get("rescue_samples") or 0)
+
     def sampled(self, side: SampledStep | None) -> None:
         """Add what the rollout side measured, and the step's seconds (sampling and training)."""
         if side is not None:
