@@ -46,4 +46,3 @@ def test_without_proc_the_stages_are_silent(monkeypatch):
     peaks.enter("train")
     peaks.enter(None)
     assert not peaks.enabled and peaks.peaks == {}
-

@@ -259,9 +259,10 @@ def _run_parallel(pending, runner: Callable, jobs: int, out: Path, session: floa
     pool.shutdown(wait=True)
 
 
-def _curves(d: Path) -> dict[str, list[tuple[float, float]]]:
+def _curves(records: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """Per policy, (rollouts, held-out accuracy) at each evaluation of a run's records."""
     out: dict[str, list[tuple[float, float]]] = {}
-    for rec in read_metrics(d / "metrics.jsonl"):
+    for rec in records:
         if rec.get("eval_accuracy") is not None:
             out.setdefault(rec["policy"], []).append((float(rec.get("rollouts") or 0), float(rec["eval_accuracy"])))
     return out
@@ -280,10 +281,10 @@ SHARING_COUNTS = ("rescue_count", "hints_offered", "hints_gated_out", "hints_mas
 """Per-run sums of a policy's step records that say whether a mode was exercised at all."""
 
 
-def _sharing_counts(d: Path) -> dict[str, dict[str, float]]:
+def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
     """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, and SGT-R's trained rescues per step."""
     out: dict[str, dict[str, float]] = {}
-    for rec in read_metrics(d / "metrics.jsonl"):
+    for rec in records:
         if rec.get("phase") == "warm_start" or not rec.get("step"):
             continue
         c = out.setdefault(rec["policy"], {k: 0.0 for k in (*SHARING_COUNTS, "steps")})
@@ -295,12 +296,12 @@ def _sharing_counts(d: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def _hint_examples(d: Path, per_edge: int = 5) -> dict[str, list[dict]]:
+def _hint_examples(records: list[dict], per_edge: int = 5) -> dict[str, list[dict]]:
     """Per receiving policy: up to ``per_edge`` of the (hint, rescue sample) pairs its step records kept for each
     incoming edge (``hint_examples``), verified samples first, then by step, so a report shows what a peer's hint
     looked like in the receiver's prompt and what the receiver wrote from it."""
     found: dict[str, dict[str, list[dict]]] = {}
-    for rec in read_metrics(d / "metrics.jsonl"):
+    for rec in records:
         for ex in rec.get("hint_examples") or ():
             if isinstance(ex, dict) and isinstance(ex.get("sample"), str):
                 found.setdefault(rec["policy"], {}).setdefault(str(ex.get("source")), []).append(
@@ -367,7 +368,9 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 w = walls.setdefault(entry, {"run": [], "rl": []})
                 w["run"].append(float(summary.get("elapsed_s", 0.0)))
                 w["rl"].append(float(summary.get("rl_s", summary.get("elapsed_s", 0.0))))
-                curves, fmt, sharing, examples = _curves(d), _answer_format(d), _sharing_counts(d), _hint_examples(d)
+                records = read_metrics(d / "metrics.jsonl")  # read once: curves, sharing counts and examples
+                curves, sharing, examples = _curves(records), _sharing_counts(records), _hint_examples(records)
+                fmt = _answer_format(d)
                 _note_precisions(precisions, _precisions(d, summary), f"{entry} seed {seed}")
                 for policy, p in summary["policies"].items():
                     evals = read_evals(d / "evals" / f"{policy}.jsonl")
@@ -665,7 +668,7 @@ def plot_curves(spec: CompareSpec, out: Path, results: dict) -> list[Path]:
                 for seed in spec.seeds:
                     d = run_dir(out, entry, pair, seed)
                     if (d / "summary.json").is_file():
-                        c = _curves(d).get(policy)
+                        c = _curves(read_metrics(d / "metrics.jsonl")).get(policy)
                         if c:
                             curves.append(sorted(c))
                 if not curves:

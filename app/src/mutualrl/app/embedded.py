@@ -227,7 +227,8 @@ class _Resumption:
         self.fingerprint = config_fingerprint(cfg)  # the config as loaded: the run settles some settings later
         self.point = load_resume_point(out_dir, cfg)
         self.rl_before = self.point.rl_s if self.point is not None else 0.0
-        self.elapsed_before, self.started = (self.point.elapsed_s if self.point is not None else 0.0), started
+        self.elapsed_before = self.point.elapsed_s if self.point is not None else 0.0
+        self.started = started
         self.rl_started = time.monotonic()
         self.runtimes: list[PolicyRuntime] = []
 
