@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mutualrl.app.compare import CompareSpec, run_all, write_report
 
@@ -315,3 +316,28 @@ def test_runs_of_one_precision_get_no_warning(tmp_path):
     res = write_report(spec, tmp_path / "out")
     assert res["mixed_precision_by_pair"]["demo"] == {}
     assert "same precision" not in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_precisions_the_entries_chose_are_not_warned_about(tmp_path):
+    """A precision compare sets model.dtype per entry: fp32 beside bf16-mixed is what it measures, not a confound.
+    The same mix is warned about as soon as one run left its precision to `auto`."""
+    base = _fake_run([])
+
+    def run(cfg, d: Path, chosen=True):
+        base(cfg, d)
+        s = json.loads((d / "summary.json").read_text())
+        prec = "bf16-mixed" if cfg.sharing.mode == "sgt" else "float32"
+        for v in s["policies"].values():
+            v["precision"] = prec
+        (d / "summary.json").write_text(json.dumps(s))
+        dtype = prec if chosen or cfg.sharing.mode == "sgt" else "auto"
+        (d / "config.yaml").write_text(yaml.safe_dump({"policies": [{"name": p.name, "model": {"dtype": dtype}}
+                                                                    for p in cfg.policies]}))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "chosen", run)
+    assert write_report(spec, tmp_path / "chosen")["mixed_precision_by_pair"]["demo"] == {}
+    assert "same precision" not in (tmp_path / "chosen" / "report.md").read_text()
+    run_all(spec, tmp_path / "auto", lambda cfg, d: run(cfg, d, chosen=False))
+    mixed = write_report(spec, tmp_path / "auto")["mixed_precision_by_pair"]["demo"]
+    assert set(mixed) == {"llama-char", "qwen-bpe"}

@@ -328,10 +328,23 @@ def _precisions(d: Path, summary: dict) -> dict[str, str]:
     return out
 
 
-def _note_precisions(seen: dict[str, dict[str, list[str]]], run: dict[str, str], label: str) -> None:
-    """Add one run's per-policy precision to ``seen`` (policy -> precision -> the runs that trained in it)."""
+def _chosen_dtypes(d: Path) -> dict[str, str]:
+    """Per policy, the ``model.dtype`` a run's resolved config.yaml asked for (``auto`` when it says none)."""
+    try:
+        policies = yaml.safe_load((d / "config.yaml").read_text()).get("policies") or []
+        return {p["name"]: (p.get("model") or {}).get("dtype") or "auto" for p in policies}
+    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError):
+        return {}
+
+
+def _note_precisions(seen: dict[str, dict[str, list[str]]], left_to_auto: set[str], run: dict[str, str],
+                     chosen: dict[str, str], label: str) -> None:
+    """Add one run's per-policy precision to ``seen`` (policy -> precision -> the runs that trained in it), and to
+    ``left_to_auto`` each policy whose precision this run left to the machine (``auto``, or no config to say)."""
     for policy, prec in run.items():
         seen.setdefault(policy, {}).setdefault(prec, []).append(label)
+        if chosen.get(policy, "auto") == "auto":
+            left_to_auto.add(policy)
 
 
 def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
@@ -357,6 +370,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
         walls: dict[str, dict[str, list[float]]] = {}  # entry -> {"run": [...], "rl": [...]} seconds per run
         steps_seen: set[int] = set()
         precisions: dict[str, dict[str, list[str]]] = {}  # policy -> precision -> the runs trained in it
+        left_to_auto: set[str] = set()  # policies whose precision some run left to the machine
         for entry in spec.entries:
             for seed in spec.seeds:
                 d = run_dir(out, entry, pair, seed)
@@ -371,7 +385,8 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 records = read_metrics(d / "metrics.jsonl")  # read once: curves, sharing counts and examples
                 curves, sharing, examples = _curves(records), _sharing_counts(records), _hint_examples(records)
                 fmt = _answer_format(d)
-                _note_precisions(precisions, _precisions(d, summary), f"{entry} seed {seed}")
+                _note_precisions(precisions, left_to_auto, _precisions(d, summary), _chosen_dtypes(d),
+                                 f"{entry} seed {seed}")
                 for policy, p in summary["policies"].items():
                     evals = read_evals(d / "evals" / f"{policy}.jsonl")
                     per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
@@ -422,7 +437,9 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 pair_out[entry][policy] = row
         results["pairs"][pair] = pair_out
         results["steps_by_pair"][pair] = sorted(steps_seen)
-        results.setdefault("mixed_precision_by_pair", {})[pair] = {p: v for p, v in precisions.items() if len(v) > 1}
+        # a mix the entries asked for (a precision compare sets model.dtype per entry) is the point, not a confound
+        results.setdefault("mixed_precision_by_pair", {})[pair] = {
+            p: v for p, v in precisions.items() if len(v) > 1 and p in left_to_auto}
         results["wall_by_pair"][pair] = {e: {"run_s": ci95(w["run"]), "rl_s": ci95(w["rl"])} for e, w in walls.items()}
     results["compute"] = compute(spec, out)
     results["tracking"] = tracking_links(out)
