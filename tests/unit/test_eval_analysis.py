@@ -37,3 +37,16 @@ def test_evaluation_logs_read_in_step_order_and_skip_a_cut_line(tmp_path):
     assert [e["step"] for e in evals] == [0, 2]
     assert correct_by_problem(evals[-1]) == {"a": 1, "b": 0}
     assert read_evals(tmp_path / "none.jsonl") == []
+
+
+def test_seeds_with_their_own_held_out_sets_pair_each_seed_and_problem():
+    """A task drawn per seed evaluates other problems under each seed: intersecting them would keep the few they
+    share by chance (15 of 128 on SmolLM2's sums), so every (seed, problem) pair counts on its own."""
+    entry = {0: {"a": 1, "b": 0, "x": 1}, 1: {"c": 1, "d": 1, "x": 0}}
+    base = {0: {"a": 0, "b": 0, "x": 1}, 1: {"c": 0, "d": 1, "x": 1}}
+    out = per_problem_paired(entry, base)
+    diffs = [1.0, 0.0, 0.0, 1.0, 0.0, -1.0]  # seed 0: a b x, seed 1: c d x
+    assert out["per_seed_sets"] and out["problems"] == 6 and out["seeds"] == 2
+    assert out["mean"] == pytest.approx(sum(diffs) / 6)
+    same = per_problem_paired({0: {"a": 1, "b": 0}, 1: {"a": 1, "b": 1}}, {0: {"a": 0, "b": 0}, 1: {"a": 1, "b": 0}})
+    assert same["problems"] == 2 and "per_seed_sets" not in same  # one shared set: the mean over seeds per problem

@@ -611,6 +611,8 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
     def problems(x: dict | None) -> str:
         if x is None:
             return "–"
+        if x.get("per_seed_sets"):  # each seed its own held-out set: (seed, problem) pairs are the units
+            return f"{format_ci(x, signed=True)} ({x['problems']} seed-problem pairs over {x['seeds']} seeds)"
         return f"{format_ci(x, signed=True)} ({x['problems']} problems × {x['seeds']} seeds)"
 
     out = ["| entry | policy | per-problem paired vs baseline | answers at the start | answers at the end | "

@@ -39,17 +39,23 @@ def correct_by_problem(evaluation: dict) -> dict[str, int]:
 
 
 def per_problem_paired(entry: dict[int, dict[str, int]], baseline: dict[int, dict[str, int]]) -> dict | None:
-    """The per-problem paired difference (module docstring) over the seeds both have and the problems every one of
-    those runs evaluated: ``ci95`` of the per-problem mean differences, with ``problems`` and ``seeds`` counted.
-    None when nothing pairs."""
+    """The per-problem paired difference (module docstring) over the seeds both have: ``ci95`` of the differences,
+    with ``problems`` and ``seeds`` counted. When every seed evaluated the same held-out problems, each problem's
+    difference is its mean over the seeds. When the held-out set changes with the seed (a task drawn per seed), each
+    (seed, problem) pair is a unit of its own (``per_seed_sets``: True; ``problems`` counts the pairs): intersecting
+    the seeds' sets would keep only the few problems they share by chance. None when nothing pairs."""
     seeds = sorted(set(entry) & set(baseline))
     if not seeds:
         return None
-    problems = set.intersection(*(set(entry[s]) & set(baseline[s]) for s in seeds))
-    if not problems:
+    common = {s: set(entry[s]) & set(baseline[s]) for s in seeds}
+    shared = set.intersection(*common.values())
+    if shared and len(shared) == min(len(c) for c in common.values()):
+        diffs = [sum(entry[s][p] - baseline[s][p] for s in seeds) / len(seeds) for p in sorted(shared)]
+        return {**ci95(diffs), "problems": len(shared), "seeds": len(seeds)}
+    diffs = [float(entry[s][p] - baseline[s][p]) for s in seeds for p in sorted(common[s])]
+    if not diffs:
         return None
-    diffs = [sum(entry[s][p] - baseline[s][p] for s in seeds) / len(seeds) for p in sorted(problems)]
-    return {**ci95(diffs), "problems": len(problems), "seeds": len(seeds)}
+    return {**ci95(diffs), "problems": len(diffs), "seeds": len(seeds), "per_seed_sets": True}
 
 
 def answer_style(texts: list[str], answer_format: str) -> dict[str, float | None]:
