@@ -3,9 +3,10 @@ training problems, plain and with SGT-R hints (each masked and framed as SGT-R f
 required form and verified answers.
 
 Two sources of hints:
-- ``--peer NAME``: the peer policy of the same file samples each problem first; one of its *verified* completions
-  becomes the hint, exactly what SGT-R would send (any task). The probe then says how many of those hints still
-  hold text other than the question once the answer is masked: a success that is only its answer carries nothing.
+- ``--peer NAME``: the peer policy of the same file samples each problem first; its shortest and its longest
+  *verified* completion each become a hint, as SGT-R would receive them (any task). The probe then says how many of
+  those hints still hold text other than the question once the answer is masked: a success that is only its answer
+  carries nothing.
 - without it, hints written here from the reference answers of two-term sums: a bare answer in the required form and
   a worked one (``12 + 34 = 46``), so the probe measures what the receiver does with a hint whatever a peer sends.
 
@@ -68,20 +69,21 @@ class Sampler:
 
 
 def peer_hints(cfg, index: int, task, verifier, problems, args, g: torch.Generator, out: dict) -> dict[str, list]:
-    """The peer samples each problem; its shortest verified sample per problem is the hint (None: no success, so
-    SGT-R would send nothing). Its verified rate goes into ``out``."""
+    """The peer samples each problem; its verified samples per problem are the hints (None: no success, so SGT-R
+    would send nothing): the shortest (what SGT's ``select: shortest`` keeps) and the longest (the likeliest to show
+    work that masking leaves in). Its verified rate goes into ``out``."""
     peer = Sampler(cfg, index, task, verifier, args.temperature, g)
     verified, kept = 0, []
     for p in problems:
         ok = [t for t in peer(p.prompt, args.samples) if verifier.score(p, t) > 0]
         verified += len(ok)
-        kept.append(min(ok, key=len) if ok else None)  # the shortest, as the success bank would hold it
+        kept.append((min(ok, key=len), max(ok, key=len)) if ok else None)
     out["peer_verified"] = verified / (len(problems) * args.samples)
     print(f"{args.peer} T={args.temperature}: verified {verified}/{len(problems) * args.samples}, a success on "
           f"{sum(k is not None for k in kept)}/{len(problems)} problems", flush=True)
     del peer
     gc.collect()
-    return {"peer": kept}
+    return {"peer-shortest": [k and k[0] for k in kept], "peer-longest": [k and k[1] for k in kept]}
 
 
 def main() -> None:

@@ -360,6 +360,40 @@ def _mean_style(runs: list[dict]) -> dict | None:
                    for k in runs[0][when]} for when in ("start", "final")}
 
 
+def _policy_row(seeds: dict[int, dict], base: dict[int, dict], is_baseline: bool) -> dict:
+    """One entry's results for one policy over its seeds (``seeds``: seed -> what its run said), against the
+    baseline entry's runs of the same policy (``base``)."""
+    finals = {s: v["final"] for s, v in seeds.items()}
+    gains = {s: v["final"] - v["start"] for s, v in seeds.items()}
+    row = {"final_accuracy": ci95(list(finals.values())), "gain": ci95(list(gains.values())),
+           "auc": ci95([auc(v["curve"]) for v in seeds.values()]), "seeds": sorted(seeds),
+           # kept per seed so that later compares can pool or pair with these runs from results.json
+           # alone (run directories are not committed)
+           "final_by_seed": {str(s): finals[s] for s in sorted(finals)}}
+    ratios = []
+    for s, v in seeds.items():
+        b = base.get(s)
+        if b is None:
+            continue
+        target = b["final"]
+        rb, re = rollouts_to_target(b["curve"], target), rollouts_to_target(v["curve"], target)
+        if rb:
+            # never reaching the baseline's final accuracy counts as needing more than the whole budget
+            ratios.append((re if re is not None else float(v["rollouts"]) * 2) / rb)
+    row["rollouts_to_target_ratio"] = ci95(ratios) if ratios else None
+    b_finals = {s: v["final"] for s, v in base.items()}
+    comparable = set(finals) & set(b_finals) and not is_baseline
+    row["paired_vs_baseline"] = paired(finals, b_finals) if comparable else None
+    correct = {s: v["correct"] for s, v in seeds.items() if v.get("correct")}
+    b_correct = {s: v["correct"] for s, v in base.items() if v.get("correct")}
+    row["per_problem_vs_baseline"] = per_problem_paired(correct, b_correct) if not is_baseline else None
+    row["style"] = _mean_style([v["style"] for v in seeds.values() if v.get("style")])
+    row["sharing"] = _mean_counts([v["sharing"] for v in seeds.values() if v.get("sharing")])
+    # the examples of the first seed that kept any: what the hints and rescues looked like
+    row["hint_examples"] = next((seeds[s]["hint_examples"] for s in sorted(seeds) if seeds[s]["hint_examples"]), [])
+    return row
+
+
 def analyse(spec: CompareSpec, out: Path) -> dict:
     """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95), each seed's final
     accuracy, rollouts-to-target ratio against the baseline, and paired differences."""
@@ -404,37 +438,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
         for entry, policies in per.items():
             pair_out[entry] = {}
             for policy, seeds in policies.items():
-                finals = {s: v["final"] for s, v in seeds.items()}
-                gains = {s: v["final"] - v["start"] for s, v in seeds.items()}
-                row = {"final_accuracy": ci95(list(finals.values())), "gain": ci95(list(gains.values())),
-                       "auc": ci95([auc(v["curve"]) for v in seeds.values()]), "seeds": sorted(seeds),
-                       # kept per seed so that later compares can pool or pair with these runs from results.json
-                       # alone (run directories are not committed)
-                       "final_by_seed": {str(s): finals[s] for s in sorted(finals)}}
-                ratios = []
-                for s, v in seeds.items():
-                    b = base.get(policy, {}).get(s)
-                    if b is None:
-                        continue
-                    target = b["final"]
-                    rb, re = rollouts_to_target(b["curve"], target), rollouts_to_target(v["curve"], target)
-                    if rb:
-                        # never reaching the baseline's final accuracy counts as needing more than the whole budget
-                        ratios.append((re if re is not None else float(v["rollouts"]) * 2) / rb)
-                row["rollouts_to_target_ratio"] = ci95(ratios) if ratios else None
-                b_finals = {s: v["final"] for s, v in base.get(policy, {}).items()}
-                comparable = set(finals) & set(b_finals) and entry != spec.baseline
-                row["paired_vs_baseline"] = paired(finals, b_finals) if comparable else None
-                correct = {s: v["correct"] for s, v in seeds.items() if v.get("correct")}
-                b_correct = {s: v["correct"] for s, v in base.get(policy, {}).items() if v.get("correct")}
-                row["per_problem_vs_baseline"] = per_problem_paired(correct, b_correct) \
-                    if entry != spec.baseline else None
-                row["style"] = _mean_style([v["style"] for v in seeds.values() if v.get("style")])
-                row["sharing"] = _mean_counts([v["sharing"] for v in seeds.values() if v.get("sharing")])
-                # the examples of the first seed that kept any: what the hints and rescues looked like
-                row["hint_examples"] = next((seeds[s]["hint_examples"] for s in sorted(seeds)
-                                             if seeds[s]["hint_examples"]), [])
-                pair_out[entry][policy] = row
+                pair_out[entry][policy] = _policy_row(seeds, base.get(policy, {}), entry == spec.baseline)
         results["pairs"][pair] = pair_out
         results["steps_by_pair"][pair] = sorted(steps_seen)
         # a mix the entries asked for (a precision compare sets model.dtype per entry) is the point, not a confound
