@@ -28,16 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def rollouts(model, tok, style, task, verifier, prompts: int, group: int, max_new: int, seed: int):
     """``prompts`` training problems with mixed rewards, ``group`` fp32 samples each: token ids, advantages."""
-    from mutualrl.models.generation import sample
+    from mutualrl.models.generation import sample, text_decoder
     from mutualrl.models.policy import encode_prompt
 
+    decode = text_decoder(tok)  # the text the run's worker scores
     g = torch.Generator().manual_seed(seed)
     ids, comps, advs = [], [], []
     for p in task.train:
         x = encode_prompt(tok, p.prompt, style)
         outs = sample(model, [x] * group, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                       max_new_tokens=max_new, temperature=1.0, generator=g)
-        r = torch.tensor([verifier.score(p, tok.decode(o.token_ids, skip_special_tokens=True)) for o in outs])
+        r = torch.tensor([verifier.score(p, decode(o.token_ids)) for o in outs])
         if r.std() == 0:
             continue  # no GRPO signal: contributes nothing to the update
         a = (r - r.mean()) / (r.std() + 1e-6)
@@ -49,12 +50,18 @@ def rollouts(model, tok, style, task, verifier, prompts: int, group: int, max_ne
     return ids, comps, torch.tensor(advs)
 
 
+def precision(name: str):
+    """The project's resolved precision ``name`` on the CPU: its ``context`` is bf16 autocast or nothing."""
+    from mutualrl.models.precision import resolve_precision
+
+    return resolve_precision(name, pretrained=True, device="cpu")
+
+
 def view(model, prompts, comps, pad_id: int, autocast: bool) -> torch.Tensor:
     """Per-token log-probs of fixed completions, flattened over their tokens, under fp32 or bf16 autocast."""
     from mutualrl.models.generation import sequence_logprobs
 
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
-    with torch.no_grad(), ctx:
+    with torch.no_grad(), precision("bf16-mixed" if autocast else "float32").context("cpu"):
         lp, mask = sequence_logprobs(model, prompts, comps, pad_id=pad_id)
     return lp[mask.bool()]
 
@@ -68,8 +75,7 @@ def update(model, prompts, comps, adv, pad_id: int, lr: float, bf16: bool, steps
     grads = None
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else torch.autocast("cpu", enabled=False)
-        with ctx:
+        with precision("bf16-mixed" if bf16 else "float32").context("cpu"):
             lp, mask = sequence_logprobs(model, prompts, comps, pad_id=pad_id)
         loss = -(adv[:, None] * lp * mask).sum() / mask.sum()
         loss.backward()

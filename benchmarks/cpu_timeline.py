@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from process_memory import role  # noqa: E402
+from process_memory import cmdline, descendants, proc_stats, role  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -27,29 +27,15 @@ TICK = os.sysconf("SC_CLK_TCK")
 def tree_cpu(pid: int) -> dict[str, float]:
     """CPU seconds (user + system, children that were waited for excluded) of ``pid`` and its descendants, summed by
     role."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(d.name)] = fields
-            children.setdefault(int(fields[1]), []).append(int(d.name))
+    stats = proc_stats()
     out: dict[str, float] = {}
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        todo += children.get(p, [])
-        if p not in stats:
-            continue
+    for p in descendants(pid, stats):
         try:
-            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            cmd = cmdline(p)
         except OSError:
             continue
-        if not cmd:
-            continue  # a process that has exited (a zombie): its time was counted while it ran
+        if p not in stats or not cmd:
+            continue  # gone, or exited (a zombie): its time was counted while it ran
         name = role(cmd)
         out[name] = out.get(name, 0.0) + (int(stats[p][11]) + int(stats[p][12])) / TICK  # utime, stime
     return out

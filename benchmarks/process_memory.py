@@ -15,26 +15,51 @@ import time
 from pathlib import Path
 
 
-def process_tree(pid: int) -> dict[int, tuple[int, int, str]]:
-    """{pid: (resident bytes, anonymous + shared-memory resident bytes, command line)} of ``pid`` and its descendants
-    (from /proc)."""
-    children: dict[int, list[int]] = {}
+def proc_stats() -> dict[int, list[str]]:
+    """Every process's /proc/PID/stat fields after its command name (field 3 on: state, ppid, …, utime at [11],
+    stime at [12])."""
+    out: dict[int, list[str]] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
+                out[int(d.name)] = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
                 continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = {}, [pid]
+    return out
+
+
+def descendants(pid: int, stats: dict[int, list[str]] | None = None) -> list[int]:
+    """``pid`` and every process below it (from :func:`proc_stats`' parent ids)."""
+    children: dict[int, list[int]] = {}
+    for p, fields in (stats if stats is not None else proc_stats()).items():
+        try:
+            children.setdefault(int(fields[1]), []).append(p)
+        except (IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
         todo += children.get(p, [])
+    return out
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line as one string ("" once it has exited: a zombie has none). Raises OSError when the
+    process is gone."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def process_tree(pid: int) -> dict[int, tuple[int, int, str]]:
+    """{pid: (resident bytes, anonymous + shared-memory resident bytes, command line)} of ``pid`` and its descendants
+    (from /proc)."""
+    out = {}
+    for p in descendants(pid):
         try:
             status = {line.split(":")[0]: int(line.split()[1]) * 1024
                       for line in Path(f"/proc/{p}/status").read_text().splitlines()
                       if line.startswith(("VmRSS:", "RssAnon:", "RssShmem:"))}
-            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            cmd = cmdline(p)
         except OSError:
             continue
         if "VmRSS" in status:
