@@ -127,6 +127,10 @@ def test_two_rank_fsdp_learner_matches_one_rank(family, kind, tmp_path):
     initial = _policy(family, kind).model.state_dict()
     moved = 0
     for k, v in one_state.items():
-        torch.testing.assert_close(two["state"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+        # the ranks sum gradients in another order, and AdamW's division by √v turns that rounding into weight
+        # differences where a gradient is ~0 (1.7e-5 on a bias seen on an AVX-512 CPU, against a 3-step move of
+        # ~3e-2): the same update to 1e-3 of how far each tensor moved, as the micro-batch tests hold it
+        move = float((v - initial[k]).abs().max())
+        assert float((two["state"][k] - v).abs().max()) <= 1e-3 * move + 1e-6, k
         moved += not torch.equal(v, initial[k])
     assert moved > len(one_state) // 2  # the three steps really trained

@@ -77,22 +77,39 @@ def sampled(arithmetic_task):
     return arts, ex, store, StepInputs(1, rows, adv, torch.ones(len(rows)), [])
 
 
+@pytest.mark.parametrize("passes", ["one", "two"])
 @pytest.mark.parametrize("algorithm, correction", [
     ({}, False),
     ({"loss_agg": "seq-mean-token-mean", "kl_coef": 0.1}, False),
     ({"minibatch_rows": 8}, True),  # two updates, π_prox recomputed for the second (decoupled objective)
+    ({"loss": "gspo", "loss_agg": "seq-mean-token-mean"}, True),  # a sequence-level ratio: still row-local
 ])
-def test_micro_batched_update_equals_the_whole_batch_update(sampled, algorithm, correction):
+def test_micro_batched_update_equals_the_whole_batch_update(sampled, algorithm, correction, passes, monkeypatch):
+    """One pass per micro-batch (every mode's loss is row-local) and the two-pass path (a mode that pools ℓ
+    across rows) both give the whole-batch update."""
     arts, ex, store, inputs = sampled
     whole = _learner(arts, ex, store, AlgorithmConfig(**algorithm), behaviour_correction=correction)
     micro = _learner(arts, ex, store, AlgorithmConfig(**algorithm, micro_batch_rows=3, micro_batch_tokens=48),
                      behaviour_correction=correction)
+    forwards = []
+    monkeypatch.setattr(type(micro.updater.mode), "row_local_loss", passes == "one")
+    spied = micro.updater.forward.logprobs
+    monkeypatch.setattr(micro.updater.forward, "logprobs", lambda *a, **k: forwards.append(1) or spied(*a, **k))
     assert len(micro.updater.plan(inputs.rows.prompt_token_ids, inputs.rows.token_ids)) > 3
     r_whole = whole.updater.apply(inputs, {"logprob": 0.0})
     r_micro = micro.updater.apply(inputs, {"logprob": 0.0})
     assert r_micro.losses == pytest.approx(r_whole.losses, rel=1e-5, abs=1e-7)
     assert r_micro.grad_norms == pytest.approx(r_whole.grad_norms, rel=1e-4)
     assert r_whole.grad_norms[0] > 0
+    for key in ("ratio_mean", "behaviour_gap_p99"):  # the record's metrics are the whole mini-batch's too
+        if key in r_whole.per_minibatch[0]:
+            assert r_micro.per_minibatch[0][key] == pytest.approx(r_whole.per_minibatch[0][key], rel=1e-4, abs=1e-6)
+    plans = [micro.updater.plan(inputs.rows.prompt_token_ids[sl], inputs.rows.token_ids[sl])
+             for sl in micro.updater.mode.minibatches(inputs.rows, micro.s.algorithm.minibatch_rows)]
+    passes_taken = sum(len(p) for p in plans) * (1 if passes == "one" else 2)
+    kl_passes = sum(len(p) for p in plans) if algorithm.get("kl_coef") else 0  # the reference model's forwards
+    prox_passes = sum(len(p) for p in plans[1:]) if correction else 0  # π_prox of mini-batches 1.. before updating
+    assert len(forwards) == passes_taken + kl_passes + prox_passes
     start = dict(arts.model.named_parameters())
     for (name, a), (_, b) in zip(whole.model.named_parameters(), micro.model.named_parameters()):
         moved = float((a - start[name]).detach().abs().max())

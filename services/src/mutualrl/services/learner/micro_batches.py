@@ -8,11 +8,17 @@ weights only through the learner's per-token log-probs ℓ,
 
     ∂L/∂θ = Σ_{i,t} (∂L/∂ℓ_it) · ∂ℓ_it/∂θ,
 
-and ∂L/∂ℓ is cheap once ℓ is known. Pass 1 computes ℓ for every micro-batch without a graph; the
-mode's loss runs on that [b, T] leaf as it runs today and its backward gives g = ∂L/∂ℓ; pass 2
-runs each micro-batch again with a graph and back-propagates ``Σ ℓ·g``. The update equals the
-whole-batch one (to float rounding) for any mode, and activation memory is one micro-batch's, for
-one extra gradient-free forward (about a third of a forward+backward).
+and ∂L/∂ℓ is cheap once ℓ is known. Every loss we have is *row-local*: row i's ∂L/∂ℓ_i depends on
+ℓ_i and on data (advantages, masks, the sampler's log-probs, normalisers that count tokens or rows),
+never on another row's ℓ. Then one pass suffices (``accumulate_one_pass``): each micro-batch's ℓ with
+its graph goes into a [b, T] leaf whose other rows hold any finite stand-in, the mode's loss runs on
+that leaf, and the leaf's gradient at the micro-batch's rows is exactly its g; ``Σ ℓ·g`` goes back
+through the micro-batch's graph. A mode that pools ℓ across rows declares it
+(``SharingMode.row_local_loss``) and gets two passes instead: pass 1 computes ℓ for every micro-batch
+without a graph and the loss's backward gives g; pass 2 runs each micro-batch again with a graph and
+back-propagates ``Σ ℓ·g`` — one extra gradient-free forward (about a third of a forward+backward).
+Either way the update equals the whole-batch one (to float rounding) and activation memory is one
+micro-batch's.
 
 Rows are bucketed by length (prompt + completion) so a micro-batch pads little: the loss sees the
 mini-batch in its own order, so the order the passes take does not matter.
@@ -93,3 +99,26 @@ class LearnerForward:
             part = self.logprobs([prompts[i] for i in idx], [completions[i] for i in idx])
             g = grad_logp[idx, T - part.shape[1]:].to(part.device)
             (part * g).sum().backward()
+
+    def accumulate_one_pass(self, prompts: list[list[int]], completions: list[list[int]], plan: list[list[int]],
+                            stand_in: torch.Tensor,
+                            loss_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """One pass per micro-batch for a row-local loss (module docstring): the micro-batch's log-probs with a
+        graph, placed into ``stand_in`` ([b, T] right-aligned, finite: the sampler's log-probs) as a leaf; the
+        leaf's gradient under ``loss_of`` at those rows is their ∂L/∂ℓ, back-propagated through the graph. Returns
+        the mini-batch's log-probs without a graph, laid out as ``logprobs_no_grad`` lays them out."""
+        T = stand_in.shape[1]
+        full = stand_in.new_zeros(stand_in.shape)
+        for idx in plan:
+            part = self.logprobs([prompts[i] for i in idx], [completions[i] for i in idx])
+            cols = slice(T - part.shape[1], T)
+            leaf = stand_in.detach().clone()
+            leaf[idx, cols] = part.detach().to(leaf.dtype)
+            leaf.requires_grad_(True)
+            loss = loss_of(leaf)
+            if loss.requires_grad:
+                loss.backward()
+            if leaf.grad is not None and part.requires_grad:
+                (part * leaf.grad[idx, cols].to(part.device)).sum().backward()
+            full[idx, cols] = part.detach().to(full.dtype)
+        return full

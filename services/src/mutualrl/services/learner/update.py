@@ -105,8 +105,8 @@ class PolicyUpdate:
         FloatingPointError (weights untouched by that update) on a non-finite loss or gradient.
 
         A mini-batch that fits one pass (no micro-batch bound, or few rows) is one forward and backward;
-        otherwise its gradient is accumulated over micro-batches through ∂L/∂ℓ (micro_batches.py, §7.2)."""
-        step, rows, rescues = inputs.step, inputs.rows, inputs.rescues
+        otherwise its gradient is accumulated over micro-batches through ∂L/∂ℓ (``_accumulate``, §7.2)."""
+        step, rows = inputs.step, inputs.rows
         kind_all = torch.tensor(rows.kind)
         src_mean_all = torch.tensor(rows.source_mean_logprob)
         self.model.train()
@@ -124,22 +124,10 @@ class PolicyUpdate:
         chunks = self.mode.minibatches(rows, self.s.algorithm.minibatch_rows)
         proximal = self._proximal_logprobs(rows, chunks, stages)
         for m, sl in enumerate(chunks):
-            prompts, completions = rows.prompt_token_ids[sl], rows.token_ids[sl]
-            plan = self.plan(prompts, completions)
             self.opt.zero_grad(set_to_none=True)
-            if len(plan) == 1:
-                logp = self.forward.logprobs(prompts, completions)  # [b, T], with its graph
-            else:  # pass 1: no graph; the loss's backward stops at this leaf
-                logp = self.forward.logprobs_no_grad(prompts, completions, plan).requires_grad_(True)
-            x = self._loss_inputs(inputs, sl, m, logp, kind_all, src_mean_all, proximal[m], plan, stages)
-            loss, mb_metrics, rescue_metrics = self.mode.minibatch_loss(x, self.model, rescues, self.pad_id,
-                                                                         self.forward.context)
+            loss, logp, x, mb_metrics = self._accumulate(inputs, sl, m, kind_all, src_mean_all, proximal[m], stages)
             if m == 0:
                 mb_metrics.update(behaviour_gap(logp.detach(), x.logprobs, x.mask, x.kind == OWN))
-            mb_metrics.update(rescue_metrics)
-            loss.backward()
-            if len(plan) > 1:  # pass 2: ∂L/∂ℓ through each micro-batch's graph
-                self.forward.backward_through(prompts, completions, plan, logp.grad)
             gn = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.optim.grad_clip))
             # no learning signal (all advantages 0, every row clipped): AdamW would still move the
             # weights by its momentum, which is noise, not learning; a non-finite loss or gradient
@@ -167,18 +155,58 @@ class PolicyUpdate:
         stages["train"] = time.monotonic() - t_train - stages["logprob"]
         return UpdateResult(losses, grad_norms, per_mb, len(chunks), empty_updates)
 
+    def _accumulate(self, inputs: StepInputs, sl: slice, m: int, kind_all: torch.Tensor, src_mean_all: torch.Tensor,
+                    proximal: torch.Tensor | None, stages: dict) -> tuple[torch.Tensor, torch.Tensor, LossInputs, dict]:
+        """Mini-batch ``m``'s gradient into the parameters (§7.2): one forward and backward when it fits one pass;
+        else one pass per micro-batch when the mode's loss is row-local, two passes through ∂L/∂ℓ when it is not.
+        Returns the loss (detached in the micro-batched paths), the log-probs, the loss inputs and the metrics."""
+        rows, rescues = inputs.rows, inputs.rescues
+        prompts, completions = rows.prompt_token_ids[sl], rows.token_ids[sl]
+        plan = self.plan(prompts, completions)
+        ref_logp = self._ref_logprobs(prompts, completions, plan, stages)
+
+        def inputs_at(logp: torch.Tensor) -> LossInputs:
+            return self._loss_inputs(inputs, sl, m, logp, kind_all, src_mean_all, proximal, ref_logp)
+
+        one_pass = len(plan) > 1 and self.mode.row_local_loss
+        if one_pass:  # each micro-batch's gradient from its own forward; logp comes back without a graph
+            T = max(len(c) for c in completions)
+            stand_in = right_aligned(rows.logprobs[sl], T).to(self.s.device)  # finite, ratio 1 on other rows
+            logp = self.forward.accumulate_one_pass(
+                prompts, completions, plan, stand_in,
+                lambda leaf: self.mode.minibatch_loss(inputs_at(leaf), self.model, [], self.pad_id,
+                                                      self.forward.context)[0])
+        elif len(plan) == 1:
+            logp = self.forward.logprobs(prompts, completions)  # [b, T], with its graph
+        else:  # pass 1: no graph; the loss's backward stops at this leaf
+            logp = self.forward.logprobs_no_grad(prompts, completions, plan).requires_grad_(True)
+        x = inputs_at(logp)
+        # the whole mini-batch's loss and metrics; after one pass only the rescue term (its own forward) has a graph
+        loss, metrics, rescue_metrics = self.mode.minibatch_loss(x, self.model, rescues, self.pad_id,
+                                                                 self.forward.context)
+        if loss.requires_grad:
+            loss.backward()
+        if len(plan) > 1 and not one_pass:  # pass 2: ∂L/∂ℓ through each micro-batch's graph
+            self.forward.backward_through(prompts, completions, plan, logp.grad)
+        metrics.update(rescue_metrics)
+        return loss.detach(), logp, x, metrics
+
+    def _ref_logprobs(self, prompts: list[list[int]], completions: list[list[int]], plan: list[list[int]],
+                      stages: dict) -> torch.Tensor | None:
+        """The reference model's log-probs of a mini-batch (no gradient), when the KL term is on."""
+        if not (self.s.algorithm.kl_coef > 0 and self.ref_model is not None):
+            return None
+        t_ref = time.monotonic()
+        out = self.forward.logprobs_no_grad(prompts, completions, plan, model=self.ref_model)
+        stages["logprob"] += time.monotonic() - t_ref
+        return out
+
     def _loss_inputs(self, inputs: StepInputs, sl: slice, m: int, logp: torch.Tensor, kind_all: torch.Tensor,
-                     src_mean_all: torch.Tensor, proximal: torch.Tensor | None, plan: list[list[int]],
-                     stages: dict) -> LossInputs:
+                     src_mean_all: torch.Tensor, proximal: torch.Tensor | None,
+                     ref_logp: torch.Tensor | None) -> LossInputs:
         """Mini-batch ``m``'s tensors as the mode's loss takes them."""
         rows = inputs.rows
         T, dev = logp.shape[1], logp.device
-        ref_logp = None
-        if self.s.algorithm.kl_coef > 0 and self.ref_model is not None:
-            t_ref = time.monotonic()
-            ref_logp = self.forward.logprobs_no_grad(rows.prompt_token_ids[sl], rows.token_ids[sl], plan,
-                                                     model=self.ref_model)
-            stages["logprob"] += time.monotonic() - t_ref
         return LossInputs(
             logp=logp,
             logprobs=right_aligned(rows.logprobs[sl], T).to(dev),

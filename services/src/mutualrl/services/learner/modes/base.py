@@ -84,6 +84,9 @@ class SharingMode:
     peer_kinds: ClassVar[tuple[str, ...]] = ()  # SEE payload kinds the learner reads from peers
     record_keys: ClassVar[tuple[str, ...]] = ()  # fields this mode adds to a step's record (from its loss metrics)
     samples_rescues: ClassVar[bool] = False  # the learner runs a rescue round on its own engine (SGT-R)
+    # ∂loss/∂ℓ of a row depends on that row's log-probs and on data only (no statistic of other rows' ℓ): a
+    # micro-batched update then takes one pass per micro-batch (§7.2). A mode that pools ℓ across rows sets False
+    row_local_loss: ClassVar[bool] = True
 
     def __init__(self, policy: str, algorithm: AlgorithmConfig, sharing: SharingConfig, max_new_tokens: int,
                  tracker: CapabilityTracker | None):
