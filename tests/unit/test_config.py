@@ -227,3 +227,20 @@ def test_sgt_r_refuses_a_sharded_receiver_in_one_line():
     ExperimentConfig.model_validate({**base, "policies": [pol("a"), pol("b")]})
     with pytest.raises(ValueError, match="policy 'b' has a sharded learner"):
         ExperimentConfig.model_validate({**base, "policies": [pol("a"), pol("b", 2)]})
+
+
+def test_up_sends_whole_versions_on_one_host_unless_the_file_asks_for_deltas():
+    """`up` puts every learner beside its engine: a delta there saves no wire bytes and costs a copy of the weights
+    and a compare of every value, so `auto` left to the file resolves to whole versions; a named value is kept."""
+    from mutualrl.app.launcher import _weights_deltas
+    from mutualrl.config import ExperimentConfig
+
+    base = {"name": "d", "policies": [{"name": n, "model": {"family": "llama"}, "tokenizer": {"kind": "char"}}
+                                      for n in ("a", "b")], "task": {"name": "arithmetic"}}
+    said: list[str] = []
+    left = _weights_deltas(ExperimentConfig.model_validate(base), said.append)
+    assert left.weights.deltas == "off" and len(said) == 1 and "weights.deltas=on" in said[0]
+    for named in ("auto", "on"):
+        cfg = ExperimentConfig.model_validate({**base, "weights": {"deltas": named}})
+        assert _weights_deltas(cfg, said.append).weights.deltas == named
+    assert len(said) == 1

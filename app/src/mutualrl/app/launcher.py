@@ -384,6 +384,18 @@ def _weights_transport(cfg: ExperimentConfig, params: dict[str, int], echo: Call
     return cfg.model_copy(update={"weights": w.model_copy(update={"transport": "shm"})})
 
 
+def _weights_deltas(cfg: ExperimentConfig, echo: Callable[[str], None]) -> ExperimentConfig:
+    """`up` runs every learner beside its engine on this host, where a delta (docs/algorithms.md §7.3) saves no
+    bytes on a wire and costs a copy of the weights in the engine's dtype in the learner (the Qwen2.5-Coder-0.5B's:
+    1.2 GiB) and the CPU to compare every value (5 s a version for it on 2 cores): unless the file names
+    ``weights.deltas``, versions go whole (said once)."""
+    w = cfg.weights
+    if "deltas" in w.model_fields_set or w.deltas != "auto" or w.transport == "collective":
+        return cfg
+    echo("[up] weights versions whole: learners and engines share this host (weights.deltas=on sends deltas)")
+    return cfg.model_copy(update={"weights": w.model_copy(update={"deltas": "off"})})
+
+
 def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] = print,
                  failure: list | None = None) -> tuple[int, dict | None]:
     """Returns (exit code, summary). A service that kept crashing puts one line naming it and
@@ -413,7 +425,8 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
         if cfg.broker.url is not None:  # fail fast, as `mutualrl run` does, before any warm start
             probe_broker(redis_options(given, given.url))
         starts = sup.prepare()
-        cfg = sup.cfg = _weights_transport(cfg, {name: v[3] for name, v in starts.items()}, echo)
+        cfg = sup.cfg = _weights_deltas(_weights_transport(cfg, {name: v[3] for name, v in starts.items()}, echo),
+                                        echo)
         dump_config(cfg, out / "config.yaml")  # again: building the task resolved what the file left open
         sup.start()
         rc = sup.supervise()
