@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mutualrl.models.policy import context_limit
 from mutualrl.models.sharding import full_state_dict
 from mutualrl.models.sharding import rank as shard_rank
-from mutualrl.runtime.memory import StagePeaks
+from mutualrl.runtime.memory import StagePeaks, return_freed_memory
 from mutualrl.runtime.pacing import pace
 from mutualrl.see import ExperienceExchange, Received
 from mutualrl.services.learner.hinted_rescue import EDGE_COUNTS, HintedRescue, RescueOutcome
@@ -172,6 +172,7 @@ class Learner:
             self.weights.version += 1
             return
         self.weights.publish(step, weights)
+        return_freed_memory()  # a delta sender's previous base (a copy of the weights) back to the host
 
     def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None,
                    while_waiting=None) -> StepRecord:
