@@ -13,6 +13,10 @@ Two sources of hints:
     .venv/bin/python tools/probe_hints.py examples/real/three-families.yaml gemma --format last_number --temperature 1
     .venv/bin/python tools/probe_hints.py examples/real/sharing/pair-b-ability.yaml gemma --peer smollm2 \\
         --set task.dataset=simple_equations --set 'task.dataset_config={max_value: 10}' --show all
+    .venv/bin/python tools/probe_hints.py examples/real/sharing/pair-b-format.yaml smollm2 --response-prefix
+
+``--response-prefix`` adds a condition with no hint at all: the receiver's completion starts with the required form's
+opening (``<answer>``), as a response-prefix hint (BREAD's expert prefix) would start it.
 """
 
 from __future__ import annotations
@@ -59,13 +63,24 @@ class Sampler:
         self.check = stop_string_check(self.decode, self.stops)
         self.max_new_tokens, self.temperature, self.generator = cfg.budget.max_new_tokens, temperature, generator
 
-    def __call__(self, question: str, k: int) -> list[str]:
-        """``k`` sampled completions of ``question`` in the policy's prompt style, each cut at its stop strings."""
+    def __call__(self, question: str, k: int, prefix: str = "") -> list[str]:
+        """``k`` sampled completions of ``question`` in the policy's prompt style, each cut at its stop strings;
+        with ``prefix``, each completion starts with it (a response prefix, not sampled), included in the text."""
         ids = encode_prompt(self.tok, question, self.style)
+        if prefix:
+            ids = ids + self.tok(prefix, add_special_tokens=False)["input_ids"]
         outs = sample(self.model, [ids] * k, eos_id=self.tok.eos_token_id, pad_id=self.tok.pad_token_id,
                       max_new_tokens=self.max_new_tokens, temperature=self.temperature, generator=self.generator,
                       stop=self.check)
-        return [cut_at_stop(self.decode, o, self.stops)[1] if self.stops else self.decode(o.token_ids) for o in outs]
+        return [prefix + (cut_at_stop(self.decode, o, self.stops)[1] if self.stops else self.decode(o.token_ids))
+                for o in outs]
+
+
+def form_opening(fmt: str) -> str:
+    """The text the required form puts before the answer (``<answer>``, ``\\boxed{``; empty for bare numbers): the
+    response prefix of ``--response-prefix``."""
+    probe = "0123456789"
+    return required_form(probe, fmt).split(probe)[0]
 
 
 def peer_hints(cfg, index: int, task, verifier, problems, args, g: torch.Generator, out: dict) -> dict[str, list]:
@@ -99,6 +114,9 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--problems", type=int, default=6)
     ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--response-prefix", action="store_true",
+                    help="also sample with the required form's opening (e.g. <answer>) as the start of the receiver's "
+                         "completion, no hint: whether a receiver that never opens the form finishes it when opened")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     cfg = load_config(args.config, args.overrides)
@@ -117,12 +135,14 @@ def main() -> None:
              {kind: [synthetic_peers(p.prompt, p.answer, fmt)[kind] for p in problems] for kind in ("bare", "worked")})
     receiver = Sampler(cfg, names.index(args.policy), task, verifier, args.temperature, g)
     plain_ok: list[int] = []
-    for kind in ("plain", *hints):
+    opening = form_opening(fmt) if args.response_prefix else ""
+    kinds = ("plain", *(["form-prefix"] if opening else []), *hints)
+    for kind in kinds:
         form = verified = n = work = used = same = 0
         examples = []
         for i, p in enumerate(problems):
             hint = None
-            if kind != "plain":
+            if kind not in ("plain", "form-prefix"):
                 if hints[kind][i] is None:
                     continue  # the peer had no success here: SGT-R would send nothing
                 hint = build_hint(p.prompt, hints[kind][i], show=args.show, fraction=args.fraction,
@@ -131,7 +151,8 @@ def main() -> None:
                 used += 1
                 work += carries_work(hint.text, p.prompt)
                 same += plain_ok[i]
-            texts = receiver(hint.question if hint else p.prompt, args.samples)
+            texts = receiver(hint.question if hint else p.prompt, args.samples,
+                             prefix=opening if kind == "form-prefix" else "")
             form += sum(extract_answer(t, fmt) is not None for t in texts)
             ok = sum(verifier.score(p, t) > 0 for t in texts)
             if kind == "plain":
@@ -143,7 +164,7 @@ def main() -> None:
                                  "verified": ok, "samples": texts[:2]})
         row = {"in_form": form / max(n, 1), "verified": verified / max(n, 1), "n": n, "examples": examples}
         extra = ""
-        if kind != "plain":
+        if kind not in ("plain", "form-prefix"):
             # the plain rate on the same problems: a peer succeeds where the problem is easy, so the plain rate over
             # all problems would flatter the hint
             row.update(hints=used, hints_with_work=work, plain_verified_same_problems=same / max(n, 1))

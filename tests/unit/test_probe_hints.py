@@ -1,0 +1,32 @@
+"""tools/probe_hints.py's response prefix: the required form's opening, as a receiver's completion would start with
+it, and the hint text a receiver is shown in the probe's other conditions."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from mutualrl.tasks.answers import required_form
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def probe():
+    spec = importlib.util.spec_from_file_location("probe_hints", ROOT / "tools" / "probe_hints.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("fmt, opening", [("answer_tags", "<answer>"), ("boxed", "\\boxed{"), ("last_number", "")])
+def test_the_response_prefix_is_the_forms_opening(probe, fmt, opening):
+    assert probe.form_opening(fmt) == opening
+    assert required_form("46", fmt).startswith(opening)  # a completion opened with it can still end in the form
+
+
+def test_a_masked_success_carries_work_only_with_a_number_beyond_the_question(probe):
+    assert not probe.carries_work("12 + 34 = …", "Calculate 12 + 34.")
+    assert probe.carries_work("12 + 30 = 42, 42 + 4 = …", "Calculate 12 + 34.")
