@@ -91,9 +91,9 @@ class WeightsConfig(_Strict):
                     "it, in the dtype the engine samples in, compressed, and rebuilt bit for bit on the engine "
                     "(docs/algorithms.md §7.3). auto: on when the engine samples in bf16 or fp16 (most fp32 values "
                     "change every step, so deltas would not pay), except under `mutualrl up` when the file leaves "
-                    "it out (one host: no wire to save, and the learner would hold the base); on: always (a version whose delta is over "
-                    "delta_max_share goes whole); off: every version whole. The learner keeps one copy of the "
-                    "weights in the engine's dtype as the next delta's base.")
+                    "it out (one host: no wire to save, and the learner would hold the base); on: always (a "
+                    "version whose delta is over delta_max_share goes whole); off: every version whole. The "
+                    "learner keeps one copy of the weights in the engine's dtype as the next delta's base.")
     delta_max_share: float = Field(0.5, gt=0, le=1, description="A delta larger than this share of the whole "
                                    "version's bytes is not sent: the version goes whole.")
     share_in_process: bool = Field(True, description="`mutualrl run` with synchronous sampling (async.max_staleness "
