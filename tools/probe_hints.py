@@ -34,7 +34,7 @@ from mutualrl.models.cache import default_cache_dir
 from mutualrl.models.generation import cut_at_stop, sample, stop_string_check, text_decoder
 from mutualrl.models.policy import encode_prompt
 from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy, prompt_style
-from mutualrl.tasks.answers import MASK, extract_answer, required_form
+from mutualrl.tasks.answers import MASK, answer_span, extract_answer, required_form
 from mutualrl.tasks.hints import build_hint
 
 
@@ -76,11 +76,15 @@ class Sampler:
                 for o in outs]
 
 
+UNHINTED = ("plain", "form-prefix")
+"""The conditions with no hint in the prompt."""
+
+
 def form_opening(fmt: str) -> str:
-    """The text the required form puts before the answer (``<answer>``, ``\\boxed{``; empty for bare numbers): the
-    response prefix of ``--response-prefix``."""
-    probe = "0123456789"
-    return required_form(probe, fmt).split(probe)[0]
+    """The text the required form puts before the answer (``<answer>``, ``\\boxed{``; empty for bare numbers), where
+    the task's own parser finds the answer in it: the response prefix of ``--response-prefix``."""
+    form = required_form("46", fmt)
+    return form[: answer_span(form, fmt)[0]]
 
 
 def peer_hints(cfg, index: int, task, verifier, problems, args, g: torch.Generator, out: dict) -> dict[str, list]:
@@ -142,7 +146,7 @@ def main() -> None:
         examples = []
         for i, p in enumerate(problems):
             hint = None
-            if kind not in ("plain", "form-prefix"):
+            if kind not in UNHINTED:
                 if hints[kind][i] is None:
                     continue  # the peer had no success here: SGT-R would send nothing
                 hint = build_hint(p.prompt, hints[kind][i], show=args.show, fraction=args.fraction,
@@ -164,7 +168,7 @@ def main() -> None:
                                  "verified": ok, "samples": texts[:2]})
         row = {"in_form": form / max(n, 1), "verified": verified / max(n, 1), "n": n, "examples": examples}
         extra = ""
-        if kind not in ("plain", "form-prefix"):
+        if kind not in UNHINTED:
             # the plain rate on the same problems: a peer succeeds where the problem is easy, so the plain rate over
             # all problems would flatter the hint
             row.update(hints=used, hints_with_work=work, plain_verified_same_problems=same / max(n, 1))

@@ -390,7 +390,7 @@ def _weights_deltas(cfg: ExperimentConfig, echo: Callable[[str], None]) -> Exper
     1.2 GiB) and the CPU to compare every value (5 s a version for it on 2 cores): unless the file names
     ``weights.deltas``, versions go whole (said once)."""
     w = cfg.weights
-    if "deltas" in w.model_fields_set or w.deltas != "auto" or w.transport == "collective":
+    if "deltas" in w.model_fields_set or w.transport == "collective":  # left out: the default, auto
         return cfg
     echo("[up] weights versions whole: learners and engines share this host (weights.deltas=on sends deltas)")
     return cfg.model_copy(update={"weights": w.model_copy(update={"deltas": "off"})})

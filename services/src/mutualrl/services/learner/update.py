@@ -4,6 +4,7 @@ runs exactly this on the inputs one rank gathered (its collectives must match)."
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -171,10 +172,17 @@ class PolicyUpdate:
         one_pass = len(plan) > 1 and self.mode.row_local_loss
         if one_pass:  # each micro-batch's gradient from its own forward; logp comes back without a graph
             T = max(len(c) for c in completions)
-            stand_in = right_aligned(rows.logprobs[sl], T).to(self.s.device)  # finite, ratio 1 on other rows
+            # the mini-batch's tensors once; each micro-batch's leaf only swaps ℓ (and π_prox, which is ℓ on
+            # mini-batch 0). Stand-ins for the other rows: the sampler's log-probs (finite, ratio 1)
+            base = inputs_at(right_aligned(rows.logprobs[sl], T).to(self.s.device))
+
+            def at_leaf(leaf: torch.Tensor) -> LossInputs:
+                prox = leaf.detach() if m == 0 and self.decoupled else base.prox_logp
+                return dataclasses.replace(base, logp=leaf, prox_logp=prox)
+
             logp = self.forward.accumulate_one_pass(
-                prompts, completions, plan, stand_in,
-                lambda leaf: self.mode.minibatch_loss(inputs_at(leaf), self.model, [], self.pad_id,
+                prompts, completions, plan, base.logprobs,
+                lambda leaf: self.mode.minibatch_loss(at_leaf(leaf), self.model, [], self.pad_id,
                                                       self.forward.context)[0])
         elif len(plan) == 1:
             logp = self.forward.logprobs(prompts, completions)  # [b, T], with its graph
