@@ -16,7 +16,9 @@ Two sources of hints:
     .venv/bin/python tools/probe_hints.py examples/real/sharing/pair-b-format.yaml smollm2 --response-prefix
 
 ``--response-prefix`` adds a condition with no hint at all: the receiver's completion starts with the required form's
-opening (``<answer>``), as a response-prefix hint (BREAD's expert prefix) would start it.
+opening (``<answer>``), as a response-prefix hint (BREAD's expert prefix) would start it. With ``--peer`` too, one more
+per peer hint: the completion starts with the first ``--fraction`` of the peer's verified text before its answer (its
+work, cut at a word), so the receiver writes the rest of the work and the answer itself.
 """
 
 from __future__ import annotations
@@ -78,6 +80,22 @@ class Sampler:
 
 UNHINTED = ("plain", "form-prefix")
 """The conditions with no hint in the prompt."""
+WORK_PREFIX = "-work-prefix"
+"""Suffix of the conditions whose peer text starts the receiver's completion instead of sitting in its prompt."""
+
+
+def work_prefix(text: str, fmt: str, fraction: float) -> str:
+    """The first ``fraction`` of a peer success's text before its answer (the form's opening included at 1.0), cut
+    back to a word boundary: what a response-prefix hint hands the receiver to continue. "" when the text gives no
+    answer or the share holds no whole word."""
+    span = answer_span(text, fmt)
+    if span is None:
+        return ""
+    before = text[: span[0]]
+    if fraction >= 1:
+        return before
+    cut = before[: int(len(before) * fraction)]
+    return cut[: cut.rfind(" ") + 1] if " " in cut else ""
 
 
 def form_opening(fmt: str) -> str:
@@ -114,7 +132,9 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="key.path=value (repeatable)")
     ap.add_argument("--format", help="task.answer_format (default: the file's, or as the data decides)")
     ap.add_argument("--show", default="all", choices=["all", "reasoning", "prefix"])
-    ap.add_argument("--fraction", type=float, default=0.75, help="share of the peer's text shown with --show prefix")
+    ap.add_argument("--fraction", type=float, default=0.75,
+                    help="share of the peer's text shown with --show prefix, and of its work before the answer that "
+                         "starts the completion in the -work-prefix conditions")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--problems", type=int, default=6)
     ap.add_argument("--samples", type=int, default=8)
@@ -140,13 +160,22 @@ def main() -> None:
     receiver = Sampler(cfg, names.index(args.policy), task, verifier, args.temperature, g)
     plain_ok: list[int] = []
     opening = form_opening(fmt) if args.response_prefix else ""
+    if args.peer and args.response_prefix:
+        hints.update({kind + WORK_PREFIX: list(texts) for kind, texts in list(hints.items())})
     kinds = ("plain", *(["form-prefix"] if opening else []), *hints)
     for kind in kinds:
         form = verified = n = work = used = same = 0
         examples = []
         for i, p in enumerate(problems):
-            hint = None
-            if kind not in UNHINTED:
+            hint, prefix = None, opening if kind == "form-prefix" else ""
+            if kind.endswith(WORK_PREFIX):
+                if hints[kind][i] is None:
+                    continue
+                prefix = work_prefix(hints[kind][i], fmt, args.fraction)
+                used += 1
+                work += carries_work(prefix, p.prompt)
+                same += plain_ok[i]
+            elif kind not in UNHINTED:
                 if hints[kind][i] is None:
                     continue  # the peer had no success here: SGT-R would send nothing
                 hint = build_hint(p.prompt, hints[kind][i], show=args.show, fraction=args.fraction,
@@ -155,8 +184,7 @@ def main() -> None:
                 used += 1
                 work += carries_work(hint.text, p.prompt)
                 same += plain_ok[i]
-            texts = receiver(hint.question if hint else p.prompt, args.samples,
-                             prefix=opening if kind == "form-prefix" else "")
+            texts = receiver(hint.question if hint else p.prompt, args.samples, prefix=prefix)
             form += sum(extract_answer(t, fmt) is not None for t in texts)
             ok = sum(verifier.score(p, t) > 0 for t in texts)
             if kind == "plain":
@@ -164,7 +192,8 @@ def main() -> None:
             verified += ok
             n += len(texts)
             if len(examples) < 3:
-                examples.append({"question": p.prompt, "answer": p.answer, "hint": hint.text if hint else None,
+                examples.append({"question": p.prompt, "answer": p.answer,
+                                 "hint": hint.text if hint else (prefix or None),
                                  "verified": ok, "samples": texts[:2]})
         row = {"in_form": form / max(n, 1), "verified": verified / max(n, 1), "n": n, "examples": examples}
         extra = ""

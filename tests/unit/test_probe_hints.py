@@ -30,3 +30,12 @@ def test_the_response_prefix_is_the_forms_opening(probe, fmt, opening):
 def test_a_masked_success_carries_work_only_with_a_number_beyond_the_question(probe):
     assert not probe.carries_work("12 + 34 = …", "Calculate 12 + 34.")
     assert probe.carries_work("12 + 30 = 42, 42 + 4 = …", "Calculate 12 + 34.")
+
+
+def test_a_work_prefix_is_the_peers_text_before_its_answer_cut_at_a_word(probe):
+    text = "Subtract 1 from both sides: 3p = 18. Divide both sides by 3: p = 6"
+    assert probe.work_prefix(text, "last_number", 1.0) == "Subtract 1 from both sides: 3p = 18. Divide both sides by 3: p = "
+    half = probe.work_prefix(text, "last_number", 0.5)
+    assert half == "Subtract 1 from both sides: 3p "  # the first 32 of 65 characters, cut back to a whole word
+    assert probe.work_prefix("<answer>46</answer>", "answer_tags", 1.0) == "<answer>"  # a bare success: its form only
+    assert probe.work_prefix("no answer here", "answer_tags", 1.0) == ""
