@@ -95,6 +95,30 @@ def test_report_holds_final_accuracy_gain_and_rollouts_to_target(tmp_path):
     assert (tmp_path / "out" / "curves-demo.png").is_file()
 
 
+def test_the_named_policys_efficiency_is_against_the_baselines_mean_final(tmp_path):
+    """grpo ends at 0.25, 0.26, 0.27 (mean 0.26): grpo's seed 0 never reaches it (512 counted, twice its budget),
+    seed 1 at the end (256), seed 2 before it (0.26 - 0.22 of 0.05 over 256 rollouts: 204.8). sgt (+10 points over 256
+    rollouts) reaches it at 153.6, 128 and 102.4."""
+    path = _spec(tmp_path)
+    path.write_text(path.read_text() + "efficiency_policy: llama-char\n")
+    spec = CompareSpec.load(path)
+    run_all(spec, tmp_path / "out", _fake_run([]))
+    res = write_report(spec, tmp_path / "out")
+    grpo = res["pairs"]["demo"]["grpo"]["llama-char"]["rollouts_to_baseline_mean"]
+    sgt = res["pairs"]["demo"]["sgt"]["llama-char"]["rollouts_to_baseline_mean"]
+    assert grpo["target"] == pytest.approx(0.26) and grpo["reached"] == 2 and grpo["runs"] == 3
+    assert grpo["rollouts"]["mean"] == pytest.approx((512 + 256 + 204.8) / 3)
+    assert sgt["reached"] == 3 and sgt["rollouts"]["mean"] == pytest.approx(128.0)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Efficiency, `llama-char` (named in the spec before the runs)" in report
+    assert f"| {128 / ((512 + 256 + 204.8) / 3):.2f}× |" in report
+    (tmp_path / "bad.yaml").write_text(path.read_text().replace("efficiency_policy", "efficiency_polcy"))
+    from mutualrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown keys efficiency_polcy"):
+        CompareSpec.load(tmp_path / "bad.yaml")
+
+
 def test_a_bad_spec_is_one_clear_error(tmp_path):
     (tmp_path / "bad.yaml").write_text("baseline: x\nseeds: [0]\npairs: {}\nentries: {y: []}\n")
     from mutualrl.config import ConfigError

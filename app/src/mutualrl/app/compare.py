@@ -48,6 +48,10 @@ class CompareSpec:
     entries: dict[str, list[str]]
     steps: int | None = None
     quick: dict = field(default_factory=dict)
+    efficiency_policy: str | None = None
+    """The policy whose rollout efficiency is the claim, named in the spec before any run (so the report cannot pick
+    whichever policy happened to look efficient): the report states its rollouts to the baseline's mean final
+    accuracy per entry against the baseline's own."""
 
     @classmethod
     def load(cls, path: Path, quick: bool = False) -> "CompareSpec":
@@ -62,13 +66,13 @@ class CompareSpec:
         missing = [k for k in ("baseline", "seeds", "pairs", "entries") if k not in raw]
         if missing:
             raise ConfigError(f"{path}: missing {', '.join(missing)}")
-        unknown = set(raw) - {"name", "baseline", "seeds", "pairs", "entries", "steps", "quick"}
+        unknown = set(raw) - {"name", "baseline", "seeds", "pairs", "entries", "steps", "quick", "efficiency_policy"}
         if unknown:
             raise ConfigError(f"{path}: unknown keys {', '.join(sorted(unknown))}")
         spec = cls(str(raw.get("name", path.stem)), str(raw["baseline"]), [int(s) for s in raw["seeds"]],
                    {k: _resolve(path, v) for k, v in raw["pairs"].items()},
                    {k: [str(x) for x in (v or [])] for k, v in raw["entries"].items()}, raw.get("steps"),
-                   raw.get("quick") or {})
+                   raw.get("quick") or {}, raw.get("efficiency_policy"))
         if spec.baseline not in spec.entries:
             raise ConfigError(f"{path}: baseline {spec.baseline!r} is not one of the entries "
                               f"({', '.join(spec.entries)})")
@@ -360,6 +364,21 @@ def _mean_style(runs: list[dict]) -> dict | None:
                    for k in runs[0][when]} for when in ("start", "final")}
 
 
+def _rollouts_to_mean_final(seeds: dict[int, dict], base: dict[int, dict]) -> dict | None:
+    """Rollouts each run needs to reach the baseline entry's *mean* final accuracy over its seeds (the efficiency
+    goal's target), as mean ± ci95 over the runs, with how many reached it; a run that never does counts as twice its
+    budget, as in the ratio. None without baseline runs."""
+    if not base or not seeds:
+        return None
+    target = sum(b["final"] for b in base.values()) / len(base)
+    needs, reached = [], 0
+    for v in seeds.values():
+        r = rollouts_to_target(v["curve"], target)
+        reached += r is not None
+        needs.append(r if r is not None else 2.0 * float(v["rollouts"]))
+    return {"target": target, "rollouts": ci95(needs), "reached": reached, "runs": len(needs)}
+
+
 def _policy_row(seeds: dict[int, dict], base: dict[int, dict], is_baseline: bool) -> dict:
     """One entry's results for one policy over its seeds (``seeds``: seed -> what its run said), against the
     baseline entry's runs of the same policy (``base``)."""
@@ -381,6 +400,7 @@ def _policy_row(seeds: dict[int, dict], base: dict[int, dict], is_baseline: bool
             # never reaching the baseline's final accuracy counts as needing more than the whole budget
             ratios.append((re if re is not None else float(v["rollouts"]) * 2) / rb)
     row["rollouts_to_target_ratio"] = ci95(ratios) if ratios else None
+    row["rollouts_to_baseline_mean"] = _rollouts_to_mean_final(seeds, base)
     b_finals = {s: v["final"] for s, v in base.items()}
     comparable = set(finals) & set(b_finals) and not is_baseline
     row["paired_vs_baseline"] = paired(finals, b_finals) if comparable else None
@@ -398,7 +418,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
     """results.json: per pair, entry and policy — final accuracy, gain, AUC (mean ± ci95), each seed's final
     accuracy, rollouts-to-target ratio against the baseline, and paired differences."""
     results: dict = {"name": spec.name, "baseline": spec.baseline, "seeds": spec.seeds, "steps": spec.steps,
-                     "pairs": {}, "steps_by_pair": {}, "wall_by_pair": {}}
+                     "efficiency_policy": spec.efficiency_policy, "pairs": {}, "steps_by_pair": {}, "wall_by_pair": {}}
     for pair in spec.pairs:
         per: dict[str, dict[str, dict[int, dict]]] = {}
         walls: dict[str, dict[str, list[float]]] = {}  # entry -> {"run": [...], "rl": [...]} seconds per run
@@ -571,7 +591,8 @@ def report_md(results: dict) -> str:
                       "by the machine's CPU); a difference between entries may be the precision's: " + "; ".join(
                           f"{p}: " + ", ".join(f"{prec} ({', '.join(runs)})" for prec, runs in v.items())
                           for p, v in mixed.items()) + ".", ""]
-        lines += ["", *_wall_lines(results, pair), *_detail_lines(entries, policies),
+        lines += ["", *_efficiency_lines(results, entries), *_wall_lines(results, pair),
+                  *_detail_lines(entries, policies),
                   *_example_lines(entries, policies)]
     links = results.get("tracking") or {}
     if links:
@@ -584,6 +605,32 @@ def report_md(results: dict) -> str:
                          "child tagged entry, pair and seed")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _efficiency_lines(results: dict, entries: dict) -> list[str]:
+    """The efficiency claim for the policy the spec named: rollouts to the baseline's mean final accuracy, each entry
+    against the baseline itself (both with their intervals), and the ratio of their means."""
+    policy, baseline = results.get("efficiency_policy"), results["baseline"]
+    base = (entries.get(baseline) or {}).get(policy, {}).get("rollouts_to_baseline_mean")
+    if not policy or not base:
+        return []
+
+    def needs(x: dict) -> str:
+        r = x["rollouts"]
+        spread = "" if r["ci95"] is None else f" ± {r['ci95']:.0f}"
+        return f"{r['mean']:.0f}{spread} rollouts (reached in {x['reached']} of {x['runs']} runs)"
+
+    out = [f"Efficiency, `{policy}` (named in the spec before the runs): rollouts to reach `{baseline}`'s mean final "
+           f"accuracy ({base['target'] * 100:.1f} %); a run that never reaches it counts as twice its budget.", "",
+           "| entry | rollouts to target | baseline's | ratio of means |", "|---|---|---|---|"]
+    for entry, per in entries.items():
+        x = (per.get(policy) or {}).get("rollouts_to_baseline_mean")
+        if entry == baseline or not x:
+            continue
+        b = base["rollouts"]["mean"]
+        ratio = f"{x['rollouts']['mean'] / b:.2f}×" if b > 0 else "– (the baseline starts at its target)"
+        out.append(f"| {entry} | {needs(x)} | {needs(base)} | {ratio} |")
+    return [*out, ""]
 
 
 def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
