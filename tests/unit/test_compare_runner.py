@@ -307,6 +307,40 @@ def test_the_report_shows_each_edges_example_hints_verified_first(tmp_path):
     assert "| 1 | " + exs[0]["source"] + " | – | – | 6 | no |" in section  # a plain resample
 
 
+def test_the_report_sums_each_sharing_edge_over_a_run_and_averages_over_seeds(tmp_path):
+    """A sharing graph's step records count per edge (``edges``); the report gives each edge's sums per run, mean over
+    an entry's seeds, so a graph run shows which edges carried hints and rescues and which carried nothing."""
+    base = _fake_run([])
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        a, b = cfg.policies[0].name, cfg.policies[1].name
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for step in (1, 2):
+            recs.append({"step": step, "policy": a, "edges": {f"{b}->{a}": {
+                "offered": 2, "used": 1, "stale": 0, "thl_rejected": cfg.seed, "rescues": 0,
+                "hints_offered": 3, "rescue_samples": 4 * (cfg.seed + 1), "rescued": 1, "rescue_trained": 1}}})
+            recs.append({"step": step, "policy": b, "edges": {f"{a}->{b}": {"offered": 1, "used": 0, "stale": 1,
+                                                                            "thl_rejected": 0, "rescues": 0}}})
+        recs.append({"step": 0, "policy": a, "phase": "warm_start", "edges": {f"{b}->{a}": {"offered": 99}}})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    a, b = next(iter(res["pairs"]["demo"]["sgt"])), list(res["pairs"]["demo"]["sgt"])[-1]
+    edges = res["edges_by_pair"]["demo"]["sgt"]
+    ab = edges[f"{b}->{a}"]
+    # over seeds 0, 1, 2: two steps each, the warm start not counted
+    assert ab["offered"] == 4 and ab["hints_offered"] == 6 and ab["rescue_trained"] == 2
+    assert ab["thl_rejected"] == pytest.approx(2 * (0 + 1 + 2) / 3)
+    assert ab["rescue_samples"] == pytest.approx(2 * 4 * (1 + 2 + 3) / 3)
+    assert edges[f"{a}->{b}"]["stale"] == 2 and "rescue_samples" not in edges[f"{a}->{b}"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert f"| sgt | {b}->{a} | 4 | 2 | 0 | 2 | 0 | 6 | – | – | 16 | 2 | 2 |" in md
+    assert f"| sgt | {a}->{b} | 2 | 0 | 2 | 0 | 0 | – | – | – | – | – | – |" in md
+
+
 def test_the_report_warns_when_the_runs_of_a_pair_trained_in_different_precisions(tmp_path):
     """`model.dtype: auto` resolves by the CPU (bf16-mixed where it has bf16 instructions), so a compare resumed on
     another machine can mix precisions; the report says which runs trained in which, from the summary or, for runs

@@ -300,6 +300,22 @@ def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _edge_totals(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Per sharing edge (``source->receiver``): the run's sums of what its step records counted on it (``edges``,
+    recorded when the experiment names a sharing graph): messages offered and used, refused as stale or by THL, and
+    SGT's or SGT-R's rescues, hints and rescue samples."""
+    out: dict[str, dict[str, float]] = {}
+    for rec in records:
+        if rec.get("phase") == "warm_start" or not rec.get("step") or not isinstance(rec.get("edges"), dict):
+            continue
+        for edge, counts in rec["edges"].items():
+            c = out.setdefault(edge, {})
+            for k, v in (counts or {}).items():
+                if isinstance(v, (int, float)):
+                    c[k] = c.get(k, 0.0) + float(v)
+    return out
+
+
 def _hint_examples(records: list[dict], per_edge: int = 5) -> dict[str, list[dict]]:
     """Per receiving policy: up to ``per_edge`` of the (hint, rescue sample) pairs its step records kept for each
     incoming edge (``hint_examples``), verified samples first, then by step, so a report shows what a peer's hint
@@ -352,8 +368,9 @@ def _note_precisions(seen: dict[str, dict[str, list[str]]], left_to_auto: set[st
 
 
 def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
-    """Each count's mean over an entry's runs."""
-    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]} if runs else None
+    """Each count's mean over an entry's runs (a count a run lacks is 0 in it)."""
+    keys = [k for r in runs for k in r]
+    return {k: sum(r.get(k, 0.0) for r in runs) / len(runs) for k in dict.fromkeys(keys)} if runs else None
 
 
 def _mean_style(runs: list[dict]) -> dict | None:
@@ -425,6 +442,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
         steps_seen: set[int] = set()
         precisions: dict[str, dict[str, list[str]]] = {}  # policy -> precision -> the runs trained in it
         left_to_auto: set[str] = set()  # policies whose precision some run left to the machine
+        edge_runs: dict[str, list[dict[str, dict[str, float]]]] = {}  # entry -> each run's per-edge sums
         for entry in spec.entries:
             for seed in spec.seeds:
                 d = run_dir(out, entry, pair, seed)
@@ -438,6 +456,8 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 w["rl"].append(float(summary.get("rl_s", summary.get("elapsed_s", 0.0))))
                 records = read_metrics(d / "metrics.jsonl")  # read once: curves, sharing counts and examples
                 curves, sharing, examples = _curves(records), _sharing_counts(records), _hint_examples(records)
+                if (edges := _edge_totals(records)):
+                    edge_runs.setdefault(entry, []).append(edges)
                 fmt = _answer_format(d)
                 _note_precisions(precisions, left_to_auto, _precisions(d, summary), _chosen_dtypes(d),
                                  f"{entry} seed {seed}")
@@ -465,6 +485,9 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
         results.setdefault("mixed_precision_by_pair", {})[pair] = {
             p: v for p, v in precisions.items() if len(v) > 1 and p in left_to_auto}
         results["wall_by_pair"][pair] = {e: {"run_s": ci95(w["run"]), "rl_s": ci95(w["rl"])} for e, w in walls.items()}
+        results.setdefault("edges_by_pair", {})[pair] = {
+            e: {edge: _mean_counts([r.get(edge) or {} for r in runs]) for edge in sorted({k for r in runs for k in r})}
+            for e, runs in edge_runs.items()}
     results["compute"] = compute(spec, out)
     results["tracking"] = tracking_links(out)
     return results
@@ -592,7 +615,7 @@ def report_md(results: dict) -> str:
                           f"{p}: " + ", ".join(f"{prec} ({', '.join(runs)})" for prec, runs in v.items())
                           for p, v in mixed.items()) + ".", ""]
         lines += ["", *_efficiency_lines(results, entries), *_wall_lines(results, pair),
-                  *_detail_lines(entries, policies),
+                  *_detail_lines(entries, policies), *_edge_lines((results.get("edges_by_pair") or {}).get(pair)),
                   *_example_lines(entries, policies)]
     links = results.get("tracking") or {}
     if links:
@@ -672,6 +695,26 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
         st = r.get("style") or {}
         out.append(f"| {e} | {p} | {problems(r.get('per_problem_vs_baseline'))} | {style(st.get('start'))} | "
                    f"{style(st.get('final'))} | {sharing(r.get('sharing'))} |")
+    return [*out, ""]
+
+
+EDGE_COLUMNS = ("offered", "used", "stale", "thl_rejected", "rescues", "hints_offered", "hints_masked",
+                "hints_refused", "rescue_samples", "rescued", "rescue_trained")
+"""The per-edge counts the report shows (the sharing dashboard's, summed over a run)."""
+
+
+def _edge_lines(edges: dict | None) -> list[str]:
+    """Per entry and sharing edge, what flowed on it in a run (mean over the entry's runs): the graph's evidence
+    that every edge carried something, or which did not."""
+    if not edges:
+        return []
+    out = ["Sharing per edge (sums over a run, mean over the entry's runs; recorded where the experiment names its "
+           "edges):", "", "| entry | edge | " + " | ".join(c.replace("_", " ") for c in EDGE_COLUMNS) + " |",
+           "|---|---|" + "---|" * len(EDGE_COLUMNS)]
+    for entry, per in edges.items():
+        for edge, c in per.items():
+            out.append(f"| {entry} | {edge} | " + " | ".join(f"{c[k]:.0f}" if k in c else "–" for k in EDGE_COLUMNS)
+                       + " |")
     return [*out, ""]
 
 
