@@ -156,10 +156,12 @@ def test_the_evidence_suite_is_valid():
             assert cfg.task.min_digits == 3 and cfg.base_seed is not None
 
 
-@pytest.mark.parametrize("spec_file", sorted((ROOT / "examples" / "evidence").glob("compare*.yaml")),
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize("spec_file", sorted({*(ROOT / "examples").rglob("compare*.yaml"),
+                                              *(ROOT / "examples").rglob("*-compare.yaml")}),
+                         ids=lambda f: str(f.relative_to(ROOT / "examples")))
 def test_every_committed_compare_spec_loads_and_applies(spec_file):
-    """The follow-up specs beside the suite (attributions, caps) load, and each entry applies to each pair."""
+    """Every compare spec under examples/ (the evidence suite's follow-ups, the real pairs', the three families')
+    loads, and each entry applies to each pair: a spec that runs for hours must not fail at its second entry."""
     from mutualrl.config import load_config
 
     spec = CompareSpec.load(spec_file)
