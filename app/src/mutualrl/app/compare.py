@@ -72,7 +72,8 @@ class CompareSpec:
         spec = cls(str(raw.get("name", path.stem)), str(raw["baseline"]), [int(s) for s in raw["seeds"]],
                    {k: _resolve(path, v) for k, v in raw["pairs"].items()},
                    {k: [str(x) for x in (v or [])] for k, v in raw["entries"].items()}, raw.get("steps"),
-                   raw.get("quick") or {}, raw.get("efficiency_policy"))
+                   raw.get("quick") or {},
+                   str(raw["efficiency_policy"]) if raw.get("efficiency_policy") is not None else None)
         if spec.baseline not in spec.entries:
             raise ConfigError(f"{path}: baseline {spec.baseline!r} is not one of the entries "
                               f"({', '.join(spec.entries)})")
