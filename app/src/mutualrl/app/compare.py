@@ -644,17 +644,19 @@ def _efficiency_lines(results: dict, entries: dict) -> list[str]:
         spread = "" if r["ci95"] is None else f" ± {r['ci95']:.0f}"
         return f"{r['mean']:.0f}{spread} rollouts (reached in {x['reached']} of {x['runs']} runs)"
 
-    out = [f"Efficiency, `{policy}` (named in the spec before the runs): rollouts to reach `{baseline}`'s mean final "
-           f"accuracy ({base['target'] * 100:.1f} %); a run that never reaches it counts as twice its budget.", "",
-           "| entry | rollouts to target | baseline's | ratio of means |", "|---|---|---|---|"]
+    rows = []
     for entry, per in entries.items():
         x = (per.get(policy) or {}).get("rollouts_to_baseline_mean")
         if entry == baseline or not x:
             continue
         b = base["rollouts"]["mean"]
         ratio = f"{x['rollouts']['mean'] / b:.2f}×" if b > 0 else "– (the baseline starts at its target)"
-        out.append(f"| {entry} | {needs(x)} | {needs(base)} | {ratio} |")
-    return [*out, ""]
+        rows.append(f"| {entry} | {needs(x)} | {needs(base)} | {ratio} |")
+    if not rows:  # only the baseline has finished runs yet
+        return []
+    return [f"Efficiency, `{policy}` (named in the spec before the runs): rollouts to reach `{baseline}`'s mean "
+            f"final accuracy ({base['target'] * 100:.1f} %); a run that never reaches it counts as twice its budget.",
+            "", "| entry | rollouts to target | baseline's | ratio of means |", "|---|---|---|---|", *rows, ""]
 
 
 def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
