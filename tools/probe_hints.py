@@ -168,21 +168,18 @@ def main() -> None:
         examples = []
         for i, p in enumerate(problems):
             hint, prefix = None, opening if kind == "form-prefix" else ""
-            if kind.endswith(WORK_PREFIX):
-                if hints[kind][i] is None:
-                    continue
-                prefix = work_prefix(hints[kind][i], fmt, args.fraction)
-                used += 1
-                work += carries_work(prefix, p.prompt)
-                same += plain_ok[i]
-            elif kind not in UNHINTED:
+            if kind not in UNHINTED:
                 if hints[kind][i] is None:
                     continue  # the peer had no success here: SGT-R would send nothing
-                hint = build_hint(p.prompt, hints[kind][i], show=args.show, fraction=args.fraction,
-                                  answer_format=fmt, gives_answer=lambda t, p=p: verifier.score(p, t) > 0,
-                                  answer=p.answer)
+                if kind.endswith(WORK_PREFIX):  # the peer's work starts the completion
+                    prefix = shown = work_prefix(hints[kind][i], fmt, args.fraction)
+                else:  # the peer's text sits in the prompt, masked and framed
+                    hint = build_hint(p.prompt, hints[kind][i], show=args.show, fraction=args.fraction,
+                                      answer_format=fmt, gives_answer=lambda t, p=p: verifier.score(p, t) > 0,
+                                      answer=p.answer)
+                    shown = hint.text
                 used += 1
-                work += carries_work(hint.text, p.prompt)
+                work += carries_work(shown, p.prompt)
                 same += plain_ok[i]
             texts = receiver(hint.question if hint else p.prompt, args.samples, prefix=prefix)
             form += sum(extract_answer(t, fmt) is not None for t in texts)

@@ -382,6 +382,13 @@ def _mean_style(runs: list[dict]) -> dict | None:
                    for k in runs[0][when]} for when in ("start", "final")}
 
 
+def _rollouts_needed(run: dict, target: float) -> float | None:
+    """Rollouts a run's curve needs to reach ``target``; one that never does counts as twice its budget (more than
+    the whole budget it had)."""
+    r = rollouts_to_target(run["curve"], target)
+    return r if r is not None else 2.0 * float(run["rollouts"])
+
+
 def _rollouts_to_mean_final(seeds: dict[int, dict], base: dict[int, dict]) -> dict | None:
     """Rollouts each run needs to reach the baseline entry's *mean* final accuracy over its seeds (the efficiency
     goal's target), as mean ± ci95 over the runs, with how many reached it; a run that never does counts as twice its
@@ -389,11 +396,8 @@ def _rollouts_to_mean_final(seeds: dict[int, dict], base: dict[int, dict]) -> di
     if not base or not seeds:
         return None
     target = sum(b["final"] for b in base.values()) / len(base)
-    needs, reached = [], 0
-    for v in seeds.values():
-        r = rollouts_to_target(v["curve"], target)
-        reached += r is not None
-        needs.append(r if r is not None else 2.0 * float(v["rollouts"]))
+    needs = [_rollouts_needed(v, target) for v in seeds.values()]
+    reached = sum(rollouts_to_target(v["curve"], target) is not None for v in seeds.values())
     return {"target": target, "rollouts": ci95(needs), "reached": reached, "runs": len(needs)}
 
 
@@ -413,10 +417,9 @@ def _policy_row(seeds: dict[int, dict], base: dict[int, dict], is_baseline: bool
         if b is None:
             continue
         target = b["final"]
-        rb, re = rollouts_to_target(b["curve"], target), rollouts_to_target(v["curve"], target)
+        rb = rollouts_to_target(b["curve"], target)
         if rb:
-            # never reaching the baseline's final accuracy counts as needing more than the whole budget
-            ratios.append((re if re is not None else float(v["rollouts"]) * 2) / rb)
+            ratios.append(_rollouts_needed(v, target) / rb)
     row["rollouts_to_target_ratio"] = ci95(ratios) if ratios else None
     row["rollouts_to_baseline_mean"] = _rollouts_to_mean_final(seeds, base)
     b_finals = {s: v["final"] for s, v in base.items()}
