@@ -34,7 +34,8 @@ def test_a_masked_success_carries_work_only_with_a_number_beyond_the_question(pr
 
 def test_a_work_prefix_is_the_peers_text_before_its_answer_cut_at_a_word(probe):
     text = "Subtract 1 from both sides: 3p = 18. Divide both sides by 3: p = 6"
-    assert probe.work_prefix(text, "last_number", 1.0) == "Subtract 1 from both sides: 3p = 18. Divide both sides by 3: p = "
+    expected = "Subtract 1 from both sides: 3p = 18. Divide both sides by 3: p = "
+    assert probe.work_prefix(text, "last_number", 1.0) == expected
     half = probe.work_prefix(text, "last_number", 0.5)
     assert half == "Subtract 1 from both sides: 3p "  # the first 32 of 65 characters, cut back to a whole word
     assert probe.work_prefix("<answer>46</answer>", "answer_tags", 1.0) == "<answer>"  # a bare success: its form only
