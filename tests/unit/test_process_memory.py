@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from mutualrl.runtime.memory import StagePeaks, peak_resident_bytes, reset_peak_resident
+from mutualrl.runtime import memory
+from mutualrl.runtime.memory import StagePeaks, peak_resident_bytes, reset_peak_resident, return_freed_memory
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -46,3 +47,15 @@ def test_without_proc_the_stages_are_silent(monkeypatch):
     peaks.enter("train")
     peaks.enter(None)
     assert not peaks.enabled and peaks.peaks == {}
+
+
+def test_the_trim_can_be_turned_off_for_a_host_with_memory_to_spare(monkeypatch):
+    calls = []
+    monkeypatch.setattr(memory, "_libc_trim", lambda: lambda pad: calls.append(pad) or 1)
+    assert return_freed_memory() is True and calls == [0]
+    for off in ("0", "false", "OFF", "no"):
+        monkeypatch.setenv(memory.RETURN_FREED_MEMORY_ENV, off)
+        assert return_freed_memory(collect=True) is False
+    assert calls == [0]  # never trimmed while off
+    monkeypatch.setenv(memory.RETURN_FREED_MEMORY_ENV, "1")
+    assert return_freed_memory() is True and calls == [0, 0]

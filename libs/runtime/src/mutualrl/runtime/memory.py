@@ -4,7 +4,12 @@ glibc's allocator keeps what a process frees for its own later use: after a poli
 dropped (the `up` launcher), or after a learner's update frees its activations, the process still holds its
 high-water mark, and on a host that runs several services beside each other that is memory no other process can
 have. ``malloc_trim(0)`` returns the free pages at the top of the heap and every wholly free page inside it. It
-is cheap (milliseconds) next to a model load or an update, and a no-op where glibc is not the allocator."""
+is cheap (milliseconds) next to a model load or an update, and a no-op where glibc is not the allocator.
+
+It is not free for the next step, though: the pages given back are faulted in again by the next update. Measured
+under `mutualrl up` in fp32 (docs/results/real/bench-vs-trl.md), the learner's phase took 20.6 s a step with the
+trim after every update and 18.2 s without it, at the same peak. A host with memory to spare can keep the pages:
+``MUTUALRL_RETURN_FREED_MEMORY=0`` turns the trim off (the garbage collection still runs)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
+
+RETURN_FREED_MEMORY_ENV = "MUTUALRL_RETURN_FREED_MEMORY"
 
 
 @functools.cache
@@ -27,9 +35,12 @@ def _libc_trim():
 
 def return_freed_memory(collect: bool = False) -> bool:
     """Ask the C allocator to give free pages back (after a garbage collection with ``collect``: tensors held only
-    by reference cycles); True when it gave some."""
+    by reference cycles); True when it gave some. False, without trimming, where ``MUTUALRL_RETURN_FREED_MEMORY`` is
+    ``0``/``false``/``no``/``off``."""
     if collect:
         gc.collect()
+    if os.environ.get(RETURN_FREED_MEMORY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
     trim = _libc_trim()
     if trim is None:
         return False
