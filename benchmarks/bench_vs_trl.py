@@ -39,7 +39,8 @@ CONFIG = ROOT / "examples" / "real" / "smollm2.yaml"
 
 
 def ours(metrics: Path) -> dict:
-    """Step rate, generated tokens and stage seconds from a run's metrics.jsonl."""
+    """Step rate, generated tokens, stage seconds and the learner's per-stage peak memory (the most over the steps:
+    which stage sets the process's peak) from a run's metrics.jsonl."""
     recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     steps = sorted((r for r in recs if r.get("step", 0) >= 1 and "wall_time" in r), key=lambda r: r["step"])
     ends = [r["wall_time"] for r in steps]
@@ -48,9 +49,14 @@ def ours(metrics: Path) -> dict:
         for k, v in (r.get("stage_seconds") or {}).items():
             stages[k] = stages.get(k, 0.0) + v / (len(steps) - 1)
         stages["generate"] = stages.get("generate", 0.0) + r.get("gen_s", 0.0) / (len(steps) - 1)
+    stage_peaks: dict[str, float] = {}
+    for r in steps:
+        for k, v in (r.get("stage_peak_rss_gib") or {}).items():
+            stage_peaks[k] = max(stage_peaks.get(k, 0.0), v)
     span = ends[-1] - ends[0]
     return {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": sum(r["tokens"] for r in steps[1:]) / span,
-            "step_s": span / (len(ends) - 1), "stages": stages, "reward": [r.get("reward_mean") for r in steps]}
+            "step_s": span / (len(ends) - 1), "stages": stages, "stage_peak_rss_gib": stage_peaks,
+            "reward": [r.get("reward_mean") for r in steps]}
 
 
 # ---------------------------------------------------------------------------------------------- TRL
