@@ -401,3 +401,42 @@ def test_precisions_the_entries_chose_are_not_warned_about(tmp_path):
     run_all(spec, tmp_path / "auto", lambda cfg, d: run(cfg, d, chosen=False))
     mixed = write_report(spec, tmp_path / "auto")["mixed_precision_by_pair"]["demo"]
     assert set(mixed) == {"llama-char", "qwen-bpe"}
+
+
+def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_weight(tmp_path):
+    """SGT-R's per-step means (a rescued token's weight, the shares at its floor and cap, the gate's Δ) are averaged
+    over the steps that recorded one, then over the runs that have any: a run whose rescues never trained counts in
+    the sums, not in the weight. Fewer than one trained rescue a step is called "not exercised"."""
+    base = _fake_run([])
+    weights = {0: [0.8, 0.6], 1: [1.0], 2: []}
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        if cfg.sharing.mode != "sgt":
+            return
+        receiver = cfg.policies[0].name
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        recs = [r for r in recs if not (r["policy"] == receiver and r["step"] == 2)]  # the step-2 record, rebuilt
+        ws = weights[cfg.seed]
+        for step in (1, 2, 3, 4):
+            w = ws[step - 1] if step <= len(ws) else None
+            recs.append({"step": step, "policy": receiver, "hints_offered": 2, "hints_masked": 2, "rescue_samples": 8,
+                         "rescued": 1, "rescue_trained": 1 + cfg.seed, "hint_weight_mean": w,
+                         "hint_floored_frac": None if w is None else 0.1,
+                         "hint_capped_frac": None if w is None else 0.0,
+                         "hint_delta_mean": 2.0 if step == 1 else None,
+                         **({"rollouts": 256, "eval_accuracy": 0.3} if step == 2 else {})})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    receiver = next(iter(res["pairs"]["demo"]["sgt"]))
+    c = res["pairs"]["demo"]["sgt"][receiver]["sharing"]
+    assert c["rescue_samples"] == 32 and c["rescue_trained"] == pytest.approx(4 * (1 + 2 + 3) / 3)
+    assert c["trained_per_step"] == pytest.approx((1 + 2 + 3) / 3)
+    assert c["hint_weight_mean"] == pytest.approx((0.7 + 1.0) / 2)  # seed 2 trained no weighted token: not a 0
+    assert c["hint_floored_frac"] == pytest.approx(0.1) and c["hint_delta_mean"] == pytest.approx(2.0)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert ("hints 8 (gated out 0, masked 8, refused 0); samples 32, rescued 4, trained 8 (2.0 a step); rescued "
+            "tokens' weight 0.85 (at the floor 10 %, at the cap 0 %); gate Δ +2.0 nats |") in md

@@ -286,9 +286,17 @@ SHARING_COUNTS = ("rescue_count", "hints_offered", "hints_gated_out", "hints_mas
 """Per-run sums of a policy's step records that say whether a mode was exercised at all."""
 
 
+RESCUE_MEANS = ("hint_weight_mean", "hint_floored_frac", "hint_capped_frac", "hint_delta_mean")
+"""SGT-R's per-step means (a rescued token's weight toward the hint-free policy, the shares of tokens at its floor and
+its cap, the information gate's Δ) that a run's figure averages over the steps that had any: why a receiver did or
+did not learn from its rescues."""
+
+
 def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
-    """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, and SGT-R's trained rescues per step."""
+    """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, SGT-R's trained rescues per step, and each of
+    :data:`RESCUE_MEANS` as its mean over the steps that recorded it (absent when none did)."""
     out: dict[str, dict[str, float]] = {}
+    means: dict[str, dict[str, list[float]]] = {}
     for rec in records:
         if rec.get("phase") == "warm_start" or not rec.get("step"):
             continue
@@ -296,8 +304,12 @@ def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
         c["steps"] += 1
         for k in SHARING_COUNTS:
             c[k] += float(rec.get(k) or 0)
-    for c in out.values():
+        for k in RESCUE_MEANS:
+            if isinstance(rec.get(k), (int, float)):
+                means.setdefault(rec["policy"], {}).setdefault(k, []).append(float(rec[k]))
+    for policy, c in out.items():
         c["trained_per_step"] = c["rescue_trained"] / c["steps"] if c["steps"] else 0.0
+        c.update({k: sum(v) / len(v) for k, v in means.get(policy, {}).items()})
     return out
 
 
@@ -369,9 +381,17 @@ def _note_precisions(seen: dict[str, dict[str, list[str]]], left_to_auto: set[st
 
 
 def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
-    """Each count's mean over an entry's runs (a count a run lacks is 0 in it)."""
-    keys = [k for r in runs for k in r]
-    return {k: sum(r.get(k, 0.0) for r in runs) / len(runs) for k in dict.fromkeys(keys)} if runs else None
+    """Each count's mean over an entry's runs (a count a run lacks is 0 in it); each of :data:`RESCUE_MEANS`, a mean
+    already, over the runs that have it."""
+    if not runs:
+        return None
+    keys = dict.fromkeys(k for r in runs for k in r)
+    out = {k: sum(r.get(k, 0.0) for r in runs) / len(runs) for k in keys if k not in RESCUE_MEANS}
+    for k in keys:
+        if k in RESCUE_MEANS:
+            have = [r[k] for r in runs if k in r]
+            out[k] = sum(have) / len(have)
+    return out
 
 
 def _mean_style(runs: list[dict]) -> dict | None:
@@ -662,31 +682,48 @@ def _efficiency_lines(results: dict, entries: dict) -> list[str]:
             "", "| entry | rollouts to target | baseline's | ratio of means |", "|---|---|---|---|", *rows, ""]
 
 
+def _shared(c: dict | None) -> bool:
+    """Whether a run's sharing counts show any rescue at all (SGT's or SGT-R's)."""
+    return bool(c and (c.get("rescue_samples") or c.get("rescue_count")))
+
+
+def _rescue_weight_text(c: dict) -> str:
+    """SGT-R's rescued tokens' mean weight, the shares at its floor and cap, and the gate's Δ, where recorded."""
+    text = ""
+    if c.get("hint_weight_mean") is not None:
+        floor, cap = c.get("hint_floored_frac", 0.0), c.get("hint_capped_frac", 0.0)
+        text = (f"; rescued tokens' weight {c['hint_weight_mean']:.2f} (at the floor {floor * 100:.0f} %, at the cap "
+                f"{cap * 100:.0f} %)")
+    if c.get("hint_delta_mean") is not None:
+        text += f"; gate Δ {c['hint_delta_mean']:+.1f} nats"
+    return text
+
+
+def _sharing_text(c: dict | None) -> str:
+    """One entry's sharing per run: SGT-R's hints, rescue samples and trained rescues (< 1 trained a step is "not
+    exercised"), or SGT's rescues."""
+    if not _shared(c):
+        return "–"
+    if c.get("rescue_samples"):
+        note = "" if c["trained_per_step"] >= 1 else " — **not exercised** (< 1 trained rescue a step)"
+        return (f"hints {c['hints_offered']:.0f} (gated out {c['hints_gated_out']:.0f}, masked "
+                f"{c['hints_masked']:.0f}, refused {c['hints_refused']:.0f}); samples {c['rescue_samples']:.0f}, "
+                f"rescued {c['rescued']:.0f}, trained {c['rescue_trained']:.0f} ({c['trained_per_step']:.1f} a "
+                f"step){_rescue_weight_text(c)}{note}")
+    return f"SGT rescues {c['rescue_count']:.0f}"
+
+
 def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
     """Per entry and policy: the per-problem paired difference, answer style at the start and at the end, and how
     much sharing the runs did (an entry whose receiver trained < 1 rescue a step is "not exercised")."""
     rows = [(e, p, per[p]) for e, per in entries.items() for p in policies if p in per]
-    def shared(c: dict | None) -> bool:
-        return bool(c and (c.get("rescue_samples") or c.get("rescue_count")))
-
-    if not any(r.get("style") or r.get("per_problem_vs_baseline") or shared(r.get("sharing")) for _, _, r in rows):
+    if not any(r.get("style") or r.get("per_problem_vs_baseline") or _shared(r.get("sharing")) for _, _, r in rows):
         return []
 
     def style(st: dict | None) -> str:
         if not st or st.get("chars") is None:
             return "–"
         return f"{st['chars']:.0f} ch, {st['in_form'] * 100:.0f} % in form, {st['shows_work'] * 100:.0f} % work"
-
-    def sharing(c: dict | None) -> str:
-        if not shared(c):
-            return "–"
-        if c.get("rescue_samples"):
-            note = "" if c["trained_per_step"] >= 1 else " — **not exercised** (< 1 trained rescue a step)"
-            return (f"hints {c['hints_offered']:.0f} (gated out {c['hints_gated_out']:.0f}, masked "
-                    f"{c['hints_masked']:.0f}, refused {c['hints_refused']:.0f}); samples {c['rescue_samples']:.0f}, "
-                    f"rescued {c['rescued']:.0f}, trained {c['rescue_trained']:.0f} ({c['trained_per_step']:.1f} a "
-                    f"step){note}")
-        return f"SGT rescues {c['rescue_count']:.0f}"
 
     def problems(x: dict | None) -> str:
         if x is None:
@@ -700,7 +737,7 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
     for e, p, r in rows:
         st = r.get("style") or {}
         out.append(f"| {e} | {p} | {problems(r.get('per_problem_vs_baseline'))} | {style(st.get('start'))} | "
-                   f"{style(st.get('final'))} | {sharing(r.get('sharing'))} |")
+                   f"{style(st.get('final'))} | {_sharing_text(r.get('sharing'))} |")
     return [*out, ""]
 
 
