@@ -22,5 +22,8 @@ def test_fixed_seed_run_reproduces_its_recorded_metrics(name, extra, tmp_path):
     records = run(name, tmp_path / name, extra)
     assert len(records) == len(golden["records"])
     for got, want in zip(records, golden["records"]):
+        # a diagnostic added to the records since the recording (on a machine like the recording's: AVX2) is not
+        # compared; every recorded field must still be there with its recorded value
+        got = {k: v for k, v in got.items() if k in want}
         assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
     assert any(r.get("eval_accuracy") is not None and r["step"] > 0 for r in records)  # the run trained and evaluated

@@ -84,6 +84,10 @@ def test_grpo_step_raises_logprob_of_rewarded_completions(arithmetic_task, state
     rec = learner.train_step(1, problems)
     assert rec.reward_mean > 0 and rec.weights_version == 1
     assert rec.ratio_mean == pytest.approx(1.0, abs=1e-4)  # on-policy: learner log-probs equal the sampler's
+    # the sampling entropy's estimate: the mean −log π of the own rollouts' trained tokens, as sampled
+    own_tokens = [lp for r in rolls for lp in r.logprobs]
+    assert rec.extra["own_sampled_nll"] == pytest.approx(-sum(own_tokens) / len(own_tokens), rel=1e-5)
+    assert rec.extra["own_sampled_nll"] > 0
     assert any(not torch.equal(before[k], v) for k, v in arts.model.state_dict().items())
     if sys.platform.startswith("linux"):  # where its memory went, stage by stage, from the kernel's counters
         peaks = rec.extra["stage_peak_rss_gib"]

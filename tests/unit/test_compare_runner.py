@@ -424,9 +424,13 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
                          "rescued": 1, "rescue_trained": 1 + cfg.seed, "hint_weight_mean": w,
                          "hint_floored_frac": None if w is None else 0.1,
                          "hint_capped_frac": None if w is None else 0.0,
-                         "hint_delta_mean": 2.0 if step == 1 else None,
+                         "hint_delta_mean": 2.0 if step == 1 else None, "own_sampled_nll": 1.0 - 0.2 * step,
                          **({"rollouts": 256, "eval_accuracy": 0.3} if step == 2 else {})})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (d / "evals").mkdir()
+        (d / "evals" / f"{receiver}.jsonl").write_text("".join(json.dumps(
+            {"step": s, "accuracy": 0.5, "prompt_ids": ["a", "b"], "correct": "10", "texts": ["1 + 2 = 3", "4"]})
+            + "\n" for s in (0, 4)))
 
     spec = CompareSpec.load(_spec(tmp_path))
     run_all(spec, tmp_path / "out", run)
@@ -440,3 +444,7 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
     md = (tmp_path / "out" / "report.md").read_text()
     assert ("hints 8 (gated out 0, masked 8, refused 0); samples 32, rescued 4, trained 8 (2.0 a step); rescued "
             "tokens' weight 0.85 (at the floor 10 %, at the cap 0 %); gate Δ +2.0 nats |") in md
+    style = res["pairs"]["demo"]["sgt"][receiver]["style"]  # the sampling entropy of step 1 and of the last step
+    assert style["start"]["sampled_entropy"] == pytest.approx(0.8)
+    assert style["final"]["sampled_entropy"] == pytest.approx(0.2)
+    assert "sampled entropy 0.80 nats/token" in md and "sampled entropy 0.20 nats/token" in md

@@ -329,6 +329,18 @@ def _edge_totals(records: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _entropy_ends(records: list[dict]) -> dict[str, tuple[float, float]]:
+    """Per policy: the sampling entropy's estimate (``own_sampled_nll``, nats a token) of its first and its last step
+    that recorded one — the first step's rollouts are sampled before any update. Runs from before the field have
+    none."""
+    seen: dict[str, list[tuple[int, float]]] = {}
+    for rec in records:
+        v = rec.get("own_sampled_nll")
+        if rec.get("step") and rec.get("phase") != "warm_start" and isinstance(v, (int, float)):
+            seen.setdefault(rec["policy"], []).append((int(rec["step"]), float(v)))
+    return {p: (min(v)[1], max(v)[1]) for p, v in seen.items()}
+
+
 def _hint_examples(records: list[dict], per_edge: int = 5) -> dict[str, list[dict]]:
     """Per receiving policy: up to ``per_edge`` of the (hint, rescue sample) pairs its step records kept for each
     incoming edge (``hint_examples``), verified samples first, then by step, so a report shows what a peer's hint
@@ -395,11 +407,16 @@ def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
 
 
 def _mean_style(runs: list[dict]) -> dict | None:
-    """Answer style (start and final evaluation) averaged over an entry's runs."""
+    """Answer style (start and final evaluation; the sampling entropy of the first and last step) averaged over an
+    entry's runs, each figure over the runs that have it."""
     if not runs:
         return None
-    return {when: {k: (sum(v) / len(v) if (v := [r[when][k] for r in runs if r[when][k] is not None]) else None)
-                   for k in runs[0][when]} for when in ("start", "final")}
+    out: dict = {}
+    for when in ("start", "final"):
+        keys = dict.fromkeys(k for r in runs for k in r[when])
+        have = {k: [r[when][k] for r in runs if r[when].get(k) is not None] for k in keys}
+        out[when] = {k: sum(v) / len(v) if v else None for k, v in have.items()}
+    return out
 
 
 def _rollouts_needed(run: dict, target: float) -> float | None:
@@ -480,6 +497,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 w["rl"].append(float(summary.get("rl_s", summary.get("elapsed_s", 0.0))))
                 records = read_metrics(d / "metrics.jsonl")  # read once: curves, sharing counts and examples
                 curves, sharing, examples = _curves(records), _sharing_counts(records), _hint_examples(records)
+                entropy = _entropy_ends(records)
                 if (edges := _edge_totals(records)):
                     edge_runs.setdefault(entry, []).append(edges)
                 fmt = _answer_format(d)
@@ -492,8 +510,11 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                         "curve": curves.get(policy, []),
                         "rollouts": p.get("rollouts", 0),
                         "correct": correct_by_problem(evals[-1]) if evals else None,
-                        "style": {"start": answer_style(evals[0]["texts"], fmt),
-                                  "final": answer_style(evals[-1]["texts"], fmt)} if evals else None,
+                        "style": {"start": {**answer_style(evals[0]["texts"], fmt),
+                                            "sampled_entropy": entropy.get(policy, (None, None))[0]},
+                                  "final": {**answer_style(evals[-1]["texts"], fmt),
+                                            "sampled_entropy": entropy.get(policy, (None, None))[1]}}
+                                 if evals else None,
                         "sharing": sharing.get(policy),
                         "hint_examples": examples.get(policy, []),
                     }
@@ -723,7 +744,10 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
     def style(st: dict | None) -> str:
         if not st or st.get("chars") is None:
             return "–"
-        return f"{st['chars']:.0f} ch, {st['in_form'] * 100:.0f} % in form, {st['shows_work'] * 100:.0f} % work"
+        text = f"{st['chars']:.0f} ch, {st['in_form'] * 100:.0f} % in form, {st['shows_work'] * 100:.0f} % work"
+        if st.get("sampled_entropy") is not None:
+            text += f", sampled entropy {st['sampled_entropy']:.2f} nats/token"
+        return text
 
     def problems(x: dict | None) -> str:
         if x is None:
@@ -732,7 +756,10 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
             return f"{format_ci(x, signed=True)} ({x['problems']} seed-problem pairs over {x['seeds']} seeds)"
         return f"{format_ci(x, signed=True)} ({x['problems']} problems × {x['seeds']} seeds)"
 
-    out = ["| entry | policy | per-problem paired vs baseline | answers at the start | answers at the end | "
+    out = ["Answers at the start and at the end: the first and the last held-out evaluation's greedy answers (mean "
+           "length, share in the task's form, share that show work), and where the records have it the sampling "
+           "entropy of the first and the last step's own rollouts (mean −log π of their tokens).", "",
+           "| entry | policy | per-problem paired vs baseline | answers at the start | answers at the end | "
            "sharing per run (mean) |", "|---|---|---|---|---|---|"]
     for e, p, r in rows:
         st = r.get("style") or {}

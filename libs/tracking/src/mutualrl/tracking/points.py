@@ -23,6 +23,7 @@ NAMES: dict[str, str] = {
     "ratio_mean": "train/ratio_mean",
     "ratio_max": "train/ratio_max",
     "sgt_nll": "train/sgt_nll",
+    "own_sampled_nll": "train/sampled_entropy",
     "updates": "train/updates",
     "empty_updates": "train/empty_updates",
     "tokens": "train/tokens",

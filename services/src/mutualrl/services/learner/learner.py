@@ -198,6 +198,7 @@ class Learner:
         metrics: dict = {}
 
         rows = self.own_intake.rows(own)
+        metrics["own_sampled_nll"] = rows.own_sampled_nll()  # the sampling entropy's estimate (style collapse)
         own_successes: dict[str, int] = {}
         for r in own:
             own_successes[r.payload.prompt_id] = own_successes.get(r.payload.prompt_id,

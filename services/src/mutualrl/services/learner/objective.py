@@ -78,6 +78,22 @@ class Rows:
         """How many rows are of ``kind``."""
         return sum(1 for k in self.kind if k == kind)
 
+    def own_sampled_nll(self) -> float | None:
+        """The mean of −log π_behaviour(y_t) over the own rows' trained tokens: a Monte-Carlo estimate of the
+        sampling distribution's per-token entropy along the paths it took (E_y[−log π(y)] is the entropy), read from
+        the log-probs the sampler already returned, so no full-vocabulary softmax is computed. It falls as a policy
+        grows surer of its answers; a collapse to one short form shows as a fall towards 0. None without own
+        tokens."""
+        total, n = 0.0, 0
+        for kind, lps, mask in zip(self.kind, self.logprobs, self.mask):
+            if kind != OWN:
+                continue
+            for lp, m in zip(lps, mask):
+                if m > 0:
+                    total -= lp
+                    n += 1
+        return total / n if n else None
+
 
 @dataclass
 class StepAdvantages:
