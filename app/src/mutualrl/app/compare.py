@@ -392,18 +392,20 @@ def _note_precisions(seen: dict[str, dict[str, list[str]]], left_to_auto: set[st
             left_to_auto.add(policy)
 
 
+def _mean_present(values: list) -> float | None:
+    """The mean of the values that are there (None left out); None when none is."""
+    have = [v for v in values if v is not None]
+    return sum(have) / len(have) if have else None
+
+
 def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
     """Each count's mean over an entry's runs (a count a run lacks is 0 in it); each of :data:`RESCUE_MEANS`, a mean
     already, over the runs that have it."""
     if not runs:
         return None
     keys = dict.fromkeys(k for r in runs for k in r)
-    out = {k: sum(r.get(k, 0.0) for r in runs) / len(runs) for k in keys if k not in RESCUE_MEANS}
-    for k in keys:
-        if k in RESCUE_MEANS:
-            have = [r[k] for r in runs if k in r]
-            out[k] = sum(have) / len(have)
-    return out
+    return {k: _mean_present([r.get(k) for r in runs]) if k in RESCUE_MEANS else sum(r.get(k, 0.0) for r in runs)
+            / len(runs) for k in keys}
 
 
 def _mean_style(runs: list[dict]) -> dict | None:
@@ -411,19 +413,15 @@ def _mean_style(runs: list[dict]) -> dict | None:
     entry's runs, each figure over the runs that have it."""
     if not runs:
         return None
-    out: dict = {}
-    for when in ("start", "final"):
-        keys = dict.fromkeys(k for r in runs for k in r[when])
-        have = {k: [r[when][k] for r in runs if r[when].get(k) is not None] for k in keys}
-        out[when] = {k: sum(v) / len(v) if v else None for k, v in have.items()}
-    return out
+    return {when: {k: _mean_present([r[when].get(k) for r in runs])
+                   for k in dict.fromkeys(k for r in runs for k in r[when])} for when in ("start", "final")}
 
 
-def _rollouts_needed(run: dict, target: float) -> float | None:
-    """Rollouts a run's curve needs to reach ``target``; one that never does counts as twice its budget (more than
-    the whole budget it had)."""
+def _rollouts_needed(run: dict, target: float) -> tuple[float, bool]:
+    """Rollouts a run's curve needs to reach ``target``, and whether it reached it; one that never does counts as
+    twice its budget (more than the whole budget it had)."""
     r = rollouts_to_target(run["curve"], target)
-    return r if r is not None else 2.0 * float(run["rollouts"])
+    return (r, True) if r is not None else (2.0 * float(run["rollouts"]), False)
 
 
 def _rollouts_to_mean_final(seeds: dict[int, dict], base: dict[int, dict]) -> dict | None:
@@ -433,9 +431,9 @@ def _rollouts_to_mean_final(seeds: dict[int, dict], base: dict[int, dict]) -> di
     if not base or not seeds:
         return None
     target = sum(b["final"] for b in base.values()) / len(base)
-    needs = [_rollouts_needed(v, target) for v in seeds.values()]
-    reached = sum(rollouts_to_target(v["curve"], target) is not None for v in seeds.values())
-    return {"target": target, "rollouts": ci95(needs), "reached": reached, "runs": len(needs)}
+    found = [_rollouts_needed(v, target) for v in seeds.values()]
+    return {"target": target, "rollouts": ci95([n for n, _ in found]), "reached": sum(hit for _, hit in found),
+            "runs": len(found)}
 
 
 def _policy_row(seeds: dict[int, dict], base: dict[int, dict], is_baseline: bool) -> dict:
@@ -456,7 +454,7 @@ def _policy_row(seeds: dict[int, dict], base: dict[int, dict], is_baseline: bool
         target = b["final"]
         rb = rollouts_to_target(b["curve"], target)
         if rb:
-            ratios.append(_rollouts_needed(v, target) / rb)
+            ratios.append(_rollouts_needed(v, target)[0] / rb)
     row["rollouts_to_target_ratio"] = ci95(ratios) if ratios else None
     row["rollouts_to_baseline_mean"] = _rollouts_to_mean_final(seeds, base)
     b_finals = {s: v["final"] for s, v in base.items()}
@@ -505,15 +503,14 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                                  f"{entry} seed {seed}")
                 for policy, p in summary["policies"].items():
                     evals = read_evals(d / "evals" / f"{policy}.jsonl")
+                    first_h, last_h = entropy.get(policy, (None, None))
                     per.setdefault(entry, {}).setdefault(policy, {})[seed] = {
                         "final": p["final_accuracy"], "start": p["warm_start_accuracy"],
                         "curve": curves.get(policy, []),
                         "rollouts": p.get("rollouts", 0),
                         "correct": correct_by_problem(evals[-1]) if evals else None,
-                        "style": {"start": {**answer_style(evals[0]["texts"], fmt),
-                                            "sampled_entropy": entropy.get(policy, (None, None))[0]},
-                                  "final": {**answer_style(evals[-1]["texts"], fmt),
-                                            "sampled_entropy": entropy.get(policy, (None, None))[1]}}
+                        "style": {"start": {**answer_style(evals[0]["texts"], fmt), "sampled_entropy": first_h},
+                                  "final": {**answer_style(evals[-1]["texts"], fmt), "sampled_entropy": last_h}}
                                  if evals else None,
                         "sharing": sharing.get(policy),
                         "hint_examples": examples.get(policy, []),
