@@ -59,6 +59,20 @@ def ours(metrics: Path) -> dict:
             "reward": [r.get("reward_mean") for r in steps]}
 
 
+def step_ends(metrics: Path) -> list[float]:
+    """A run's step end times (epoch seconds), from its metrics.jsonl."""
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return sorted(r["wall_time"] for r in recs if r.get("step", 0) >= 1 and "wall_time" in r)
+
+
+def write_timeline(folder: Path | None, side: str, measured: dict, ends: list[float]) -> None:
+    """``folder/side.json``: the side's memory samples ([epoch s, RSS GiB, anon GiB]) and step end times."""
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{side}.json").write_text(json.dumps({"step_ends": ends, "samples": measured["timeline"]}))
+
+
 # ---------------------------------------------------------------------------------------------- TRL
 def trl_worker(spec_file: Path, out_file: Path) -> None:
     """TRL's GRPOTrainer configured to do our work (runs in its own process)."""
@@ -172,6 +186,9 @@ def main() -> None:
     ap.add_argument("--pause-pgid", type=int, default=None,
                     help="SIGSTOP this process group while measuring, SIGCONT after.")
     ap.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
+    ap.add_argument("--timeline", type=Path, default=None,
+                    help="A folder: each side's resident memory every 0.25 s and its step end times (SIDE.json), "
+                         "to see which phase sets a peak.")
     ap.add_argument("--trl-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_worker:
@@ -276,6 +293,7 @@ def measure(args) -> dict:
                 m = run_measured([*cli, side, str(cfg_file), "--out", str(tmp / side)], tmp / f"{side}.log")
                 figures[side] = {**ours(tmp / side / "metrics.jsonl"), "peak_rss_gib": m["peak_rss_gib"],
                                  "wall_s": m["wall_s"]}
+                write_timeline(args.timeline, side, m, step_ends(tmp / side / "metrics.jsonl"))
                 print(f"{side}: {figures[side]['step_s']:.2f} s/step, peak {m['peak_rss_gib']:.1f} GiB", flush=True)
         if "trl" not in args.skip:
             spec = {"model": model_dir, "prompts": [f"{p.prompt}\n\n{instruction}" for p in problems],
@@ -288,6 +306,7 @@ def measure(args) -> dict:
                               str(tmp / "trl-out.json")], tmp / "trl.log")
             res = json.loads((tmp / "trl-out.json").read_text())
             ends = res["ends"]
+            write_timeline(args.timeline, "trl", m, ends)
             span = ends[-1] - ends[0]
             tokens = sum(length * args.prompts * args.group for length in res["mean_lengths"][1:])
             figures["trl"] = {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": tokens / span,

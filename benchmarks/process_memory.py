@@ -84,8 +84,11 @@ def role(cmd: str) -> str:
 def run_measured(cmd: list[str], log: Path) -> dict:
     """Run ``cmd`` to the end: the peak of the tree's summed RSS (``peak_rss_gib``) and of its summed anonymous and
     shared memory (``peak_anon_gib``), each process's own peaks by role (``process_peak_gib``,
-    ``process_peak_anon_gib``), wall seconds. Exits naming the log when the command fails."""
+    ``process_peak_anon_gib``), wall seconds, and the samples themselves (``timeline``: [epoch seconds, RSS GiB,
+    anon GiB] every 0.25 s, to line up with a run's step end times: which phase sets the peak). Exits naming the
+    log when the command fails."""
     peak = [0, 0]
+    timeline: list[list[float]] = []
     per_role: dict[str, int] = {}
     per_role_anon: dict[str, int] = {}
     with log.open("w") as f:
@@ -97,12 +100,13 @@ def run_measured(cmd: list[str], log: Path) -> dict:
         def sample() -> None:
             while not stop.is_set():
                 tree = process_tree(proc.pid)
-                peak[0] = max(peak[0], sum(r for r, _, _ in tree.values()))
-                peak[1] = max(peak[1], sum(a for _, a, _ in tree.values()))
-                for rss, anon, c in tree.values():
+                rss, anon = sum(r for r, _, _ in tree.values()), sum(a for _, a, _ in tree.values())
+                peak[0], peak[1] = max(peak[0], rss), max(peak[1], anon)
+                timeline.append([round(time.time(), 2), round(rss / 2**30, 3), round(anon / 2**30, 3)])
+                for own_rss, own_anon, c in tree.values():
                     name = role(c)
-                    per_role[name] = max(per_role.get(name, 0), rss)
-                    per_role_anon[name] = max(per_role_anon.get(name, 0), anon)
+                    per_role[name] = max(per_role.get(name, 0), own_rss)
+                    per_role_anon[name] = max(per_role_anon.get(name, 0), own_anon)
                 stop.wait(0.25)
 
         th = threading.Thread(target=sample, daemon=True)
@@ -115,4 +119,4 @@ def run_measured(cmd: list[str], log: Path) -> dict:
     return {"peak_rss_gib": peak[0] / 2**30, "peak_anon_gib": peak[1] / 2**30,
             "process_peak_gib": {k: v / 2**30 for k, v in sorted(per_role.items())},
             "process_peak_anon_gib": {k: v / 2**30 for k, v in sorted(per_role_anon.items())},
-            "wall_s": time.monotonic() - t0}
+            "wall_s": time.monotonic() - t0, "timeline": timeline}

@@ -24,3 +24,19 @@ def test_a_busy_child_is_counted_under_its_role_and_the_exit_status_passes_throu
     assert 0.5 < data["cpu_s"][role] < 2.0  # the 0.8 s it burnt (a tick's rounding and the interpreter's start)
     assert max(r["cores"].get(role, 0) for r in data["timeline"]) > 0.5  # a busy interval shows a busy core
     assert "CPU seconds by role" in proc.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_run_measured_samples_the_trees_memory_over_time(tmp_path):
+    """benchmarks/process_memory.run_measured: the peak and the timeline a benchmark lines up with its steps."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from process_memory import run_measured
+    finally:
+        sys.path.pop(0)
+    hold = "import time\nb = bytearray(300 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(1.0)"
+    m = run_measured([sys.executable, "-c", hold], tmp_path / "hold.log")
+    assert m["peak_anon_gib"] > 0.28  # the 300 MiB it touched
+    times = [t for t, _, _ in m["timeline"]]
+    assert len(times) >= 3 and times == sorted(times)
+    assert max(a for _, _, a in m["timeline"]) == pytest.approx(m["peak_anon_gib"], abs=0.01)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from mutualrl.models.weight_casts import learner_autocast
+
 PRECISIONS = ("auto", "float32", "bf16-mixed", "bfloat16", "float16")
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -44,6 +46,13 @@ class Precision:
         if self.autocast is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=torch.device(device).type, dtype=self.autocast)
+
+    def learner_context(self, device: str | torch.device):
+        """The learner's forward context: as :meth:`context`, with the weights' 16-bit casts computed again for the
+        backward pass instead of held through it (mutualrl.models.weight_casts)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return learner_autocast(device, self.autocast)
 
 
 def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:

@@ -62,7 +62,7 @@ class PolicyUpdate:
         self.mode = mode
         self.ref_model = ref_model
         self.forward = LearnerForward(model, pad_id, settings.temperature,
-                                      lambda: settings.precision.context(settings.device))
+                                      lambda: settings.precision.learner_context(settings.device))
         self.correct_behaviour = settings.behaviour_correction
         freeze_input_embeddings(model, settings.optim.train_input_embeddings)
         self.opt = make_optimizer([q for q in model.parameters() if q.requires_grad], lr=settings.optim.lr,
