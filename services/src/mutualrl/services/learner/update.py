@@ -61,8 +61,11 @@ class PolicyUpdate:
         self.s = settings
         self.mode = mode
         self.ref_model = ref_model
-        self.forward = LearnerForward(model, pad_id, settings.temperature,
-                                      lambda: settings.precision.learner_context(settings.device))
+        # bf16-mixed: weight casts are cast again for the backward rather than held (§7.2) — not under FSDP2, which
+        # gathers a block's weights again before its backward (the same values in a new version of the tensor)
+        sharded = any(hasattr(q, "full_tensor") for q in model.parameters())
+        context = settings.precision.context if sharded else settings.precision.learner_context
+        self.forward = LearnerForward(model, pad_id, settings.temperature, lambda: context(settings.device))
         self.correct_behaviour = settings.behaviour_correction
         freeze_input_embeddings(model, settings.optim.train_input_embeddings)
         self.opt = make_optimizer([q for q in model.parameters() if q.requires_grad], lr=settings.optim.lr,
