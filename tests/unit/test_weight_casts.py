@@ -11,6 +11,7 @@ import torch
 from mutualrl.models import build_model
 from mutualrl.models.families import ModelShape
 from mutualrl.models.generation import sequence_logprobs
+from mutualrl.models.policy import enable_activation_checkpointing
 from mutualrl.models.precision import resolve_precision
 from mutualrl.models.weight_casts import learner_autocast, recast_saved_weights
 
@@ -108,3 +109,22 @@ def test_only_the_mixed_precision_learner_context_installs_it():
     with mixed.learner_context("cpu"):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
         assert not torch.is_autocast_cache_enabled()
+
+
+def test_with_gradient_checkpointing_the_gradients_are_the_same(model_and_batch):
+    """`model.gradient_checkpointing`: the checkpointed blocks keep their own saved-tensor hooks (they recompute in the
+    backward under the forward's autocast state); the gradients equal plain autocast's with checkpointing."""
+    model, prompts, completions, pad = model_and_batch
+    enable_activation_checkpointing(model)
+    model.train()
+
+    def grads(ctx):
+        model.zero_grad(set_to_none=True)
+        with ctx:
+            logp, _ = sequence_logprobs(model, prompts, completions, pad_id=pad)
+        logp.sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads(torch.autocast("cpu", dtype=torch.bfloat16))
+    lean = grads(learner_autocast("cpu", torch.bfloat16))
+    assert all(torch.equal(a, b) for a, b in zip(plain, lean))

@@ -161,6 +161,18 @@ def disable_dropout(model: torch.nn.Module) -> None:
             setattr(model.config, attr, 0.0)
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """``model.gradient_checkpointing``: recompute each block in the backward pass, non-reentrant (so the blocks'
+    own saved-tensor hooks nest inside mutualrl.models.weight_casts'). transformers 5 names the switch
+    ``activation_checkpointing_enable``; the releases before it (the project allows ≥ 4.56) have only
+    ``gradient_checkpointing_enable``."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 COMPLETION_TEMPLATE = "{instruction}Question: {prompt}\nAnswer:"
 """How a pretrained model without a chat template (a base model) is prompted: a completion it continues."""
 COMPLETION_STOPS = ("\n\n", "\nQuestion:")

@@ -14,7 +14,7 @@ from collections import Counter
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mutualrl.models.policy import context_limit
+from mutualrl.models.policy import context_limit, enable_activation_checkpointing
 from mutualrl.models.sharding import full_state_dict
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.runtime.memory import StagePeaks, return_freed_memory
@@ -60,7 +60,7 @@ class Learner:
         # FSDP2 (mutualrl.models.sharding)
         self.sharded = any(hasattr(p, "full_tensor") for p in self.model.parameters())
         if settings.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.model)
         self.tok = tokenizer
         self.ex = exchange
         self.intake = intake
