@@ -38,11 +38,16 @@ from process_memory import run_measured  # noqa: E402
 CONFIG = ROOT / "examples" / "real" / "smollm2.yaml"
 
 
+def step_records(metrics: Path) -> list[dict]:
+    """A run's step records (step ≥ 1, with an end time) from its metrics.jsonl, in step order."""
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return sorted((r for r in recs if r.get("step", 0) >= 1 and "wall_time" in r), key=lambda r: r["step"])
+
+
 def ours(metrics: Path) -> dict:
     """Step rate, generated tokens, stage seconds and the learner's per-stage peak memory (the most over the steps:
     which stage sets the process's peak) from a run's metrics.jsonl."""
-    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    steps = sorted((r for r in recs if r.get("step", 0) >= 1 and "wall_time" in r), key=lambda r: r["step"])
+    steps = step_records(metrics)
     ends = [r["wall_time"] for r in steps]
     stages: dict[str, float] = {}
     for r in steps[1:]:
@@ -57,12 +62,6 @@ def ours(metrics: Path) -> dict:
     return {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": sum(r["tokens"] for r in steps[1:]) / span,
             "step_s": span / (len(ends) - 1), "stages": stages, "stage_peak_rss_gib": stage_peaks,
             "reward": [r.get("reward_mean") for r in steps]}
-
-
-def step_ends(metrics: Path) -> list[float]:
-    """A run's step end times (epoch seconds), from its metrics.jsonl."""
-    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return sorted(r["wall_time"] for r in recs if r.get("step", 0) >= 1 and "wall_time" in r)
 
 
 def write_timeline(folder: Path | None, side: str, measured: dict, ends: list[float]) -> None:
@@ -293,7 +292,8 @@ def measure(args) -> dict:
                 m = run_measured([*cli, side, str(cfg_file), "--out", str(tmp / side)], tmp / f"{side}.log")
                 figures[side] = {**ours(tmp / side / "metrics.jsonl"), "peak_rss_gib": m["peak_rss_gib"],
                                  "wall_s": m["wall_s"]}
-                write_timeline(args.timeline, side, m, step_ends(tmp / side / "metrics.jsonl"))
+                ends = [r["wall_time"] for r in step_records(tmp / side / "metrics.jsonl")]
+                write_timeline(args.timeline, side, m, ends)
                 print(f"{side}: {figures[side]['step_s']:.2f} s/step, peak {m['peak_rss_gib']:.1f} GiB", flush=True)
         if "trl" not in args.skip:
             spec = {"model": model_dir, "prompts": [f"{p.prompt}\n\n{instruction}" for p in problems],

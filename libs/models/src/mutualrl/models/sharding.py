@@ -57,6 +57,11 @@ def shard_policy(model: nn.Module, mixed_precision: bool = False, activation_che
     return model
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are FSDP2 shards (DTensors, which have ``full_tensor``)."""
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole (unsharded) state dict on every rank — a collective: every rank must call it."""
     out = {}

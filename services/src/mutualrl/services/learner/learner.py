@@ -15,7 +15,7 @@ from collections import Counter
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.models.policy import context_limit, enable_activation_checkpointing
-from mutualrl.models.sharding import full_state_dict
+from mutualrl.models.sharding import full_state_dict, is_sharded
 from mutualrl.models.sharding import rank as shard_rank
 from mutualrl.runtime.memory import StagePeaks, return_freed_memory
 from mutualrl.runtime.pacing import pace
@@ -58,7 +58,7 @@ class Learner:
         self.peers = list(peers)
         self.model = model.to(settings.device)
         # FSDP2 (mutualrl.models.sharding)
-        self.sharded = any(hasattr(p, "full_tensor") for p in self.model.parameters())
+        self.sharded = is_sharded(self.model)
         if settings.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
         self.tok = tokenizer

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from mutualrl.models.host import read_scalars
 from mutualrl.models.optimizer import make_optimizer
-from mutualrl.models.sharding import full_value
+from mutualrl.models.sharding import full_value, is_sharded
 from mutualrl.runtime.memory import return_freed_memory
 from mutualrl.services.learner.micro_batches import LearnerForward, plan_micro_batches
 from mutualrl.services.learner.modes.base import SharingMode
@@ -63,8 +63,7 @@ class PolicyUpdate:
         self.ref_model = ref_model
         # bf16-mixed: weight casts are cast again for the backward rather than held (§7.2) — not under FSDP2, which
         # gathers a block's weights again before its backward (the same values in a new version of the tensor)
-        sharded = any(hasattr(q, "full_tensor") for q in model.parameters())
-        context = settings.precision.context if sharded else settings.precision.learner_context
+        context = settings.precision.context if is_sharded(model) else settings.precision.learner_context
         self.forward = LearnerForward(model, pad_id, settings.temperature, lambda: context(settings.device))
         self.correct_behaviour = settings.behaviour_correction
         freeze_input_embeddings(model, settings.optim.train_input_embeddings)
