@@ -21,6 +21,7 @@ end of sequence, so every row on both sides runs to ``--max-new-tokens``: the sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -188,6 +189,8 @@ def main() -> None:
     ap.add_argument("--timeline", type=Path, default=None,
                     help="A folder: each side's resident memory every 0.25 s and its step end times (SIDE.json), "
                          "to see which phase sets a peak.")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="A folder to run in and keep (each side's run folder and log) instead of a temporary one.")
     ap.add_argument("--trl-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_worker:
@@ -239,13 +242,23 @@ def random_weights_dir(source: Path, out: Path) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def _workdir(keep: Path | None):
+    """The folder the sides run in: ``keep`` (left in place, to read the services' logs after), else a temporary one."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Path(tmp)
+
+
 def measure(args) -> dict:
     from mutualrl.config import load_config
     from mutualrl.runtime.distributor import PromptDistributor
     from mutualrl.runtime.policy_setup import build_task_from_config, task_instruction
 
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with _workdir(args.keep) as tmp:
         if args.model_dir is None:
             from mutualrl.models.pretrained import get_model
 
@@ -291,7 +304,7 @@ def measure(args) -> dict:
             if side not in args.skip:
                 m = run_measured([*cli, side, str(cfg_file), "--out", str(tmp / side)], tmp / f"{side}.log")
                 figures[side] = {**ours(tmp / side / "metrics.jsonl"), "peak_rss_gib": m["peak_rss_gib"],
-                                 "wall_s": m["wall_s"]}
+                                 "wall_s": m["wall_s"], "host": m["host"]}
                 ends = [r["wall_time"] for r in step_records(tmp / side / "metrics.jsonl")]
                 write_timeline(args.timeline, side, m, ends)
                 print(f"{side}: {figures[side]['step_s']:.2f} s/step, peak {m['peak_rss_gib']:.1f} GiB", flush=True)
@@ -311,7 +324,8 @@ def measure(args) -> dict:
             tokens = sum(length * args.prompts * args.group for length in res["mean_lengths"][1:])
             figures["trl"] = {"steps_per_s": (len(ends) - 1) / span, "tokens_per_s": tokens / span,
                               "step_s": span / (len(ends) - 1),
-                              "peak_rss_gib": m["peak_rss_gib"], "wall_s": m["wall_s"], "reward": res["rewards"]}
+                              "peak_rss_gib": m["peak_rss_gib"], "wall_s": m["wall_s"], "reward": res["rewards"],
+                              "host": m["host"]}
             print(f"trl: {figures['trl']['step_s']:.2f} s/step, peak {m['peak_rss_gib']:.1f} GiB", flush=True)
         if ("limits" not in args.skip and "run" in figures and args.dtype == "fp32" and not args.micro_batch
                 and args.device == "cpu"):
@@ -327,12 +341,14 @@ def report(f: dict) -> None:
     print(f"\n{f['model']} on {f.get('device', 'cpu')}, isolated GRPO: {f['steps']} steps of "
           f"{f['prompts_per_step']} prompts x {f['group_size']} samples, <= {f['max_new_tokens']} new tokens, "
           f"micro-batch {f.get('micro_batch') or 'none'}, {f['threads']} cores")
-    print(f"{'':8} {'steps/s':>9} {'s/step':>8} {'gen tok/s':>10} {'peak GiB':>9}")
+    print(f"{'':8} {'steps/s':>9} {'s/step':>8} {'gen tok/s':>10} {'peak GiB':>9} {'host free GiB':>14} "
+          f"{'major faults':>13}")
     for name in ("run", "up", "trl"):
         if name in f:
-            r = f[name]
+            r, host = f[name], f[name].get("host", {})
             print(f"{name:8} {r['steps_per_s']:9.4f} {r['step_s']:8.1f} {r['tokens_per_s']:10.1f} "
-                  f"{r['peak_rss_gib']:9.1f}")
+                  f"{r['peak_rss_gib']:9.1f} {host.get('available_gib_at_start', float('nan')):14.1f} "
+                  f"{host.get('major_faults', 0):13d}")
     if "trl" in f:
         for name, goal in (("run", 1.0), ("up", 0.8)):
             if name in f:

@@ -81,16 +81,27 @@ def role(cmd: str) -> str:
     return words[0].rsplit("/", 1)[-1] if words else "?"
 
 
+def host_memory() -> dict:
+    """The host's available memory (GiB) and its major page faults so far: a run measured while the host is short
+    of memory re-reads evicted file pages (its libraries, a model's mapped weights) from disk, and runs slower for
+    it, which is no property of the code."""
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    vmstat = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    return {"available_gib": int(meminfo["MemAvailable"].split()[0]) / 2**20, "major_faults": int(vmstat["pgmajfault"])}
+
+
 def run_measured(cmd: list[str], log: Path) -> dict:
     """Run ``cmd`` to the end: the peak of the tree's summed RSS (``peak_rss_gib``) and of its summed anonymous and
     shared memory (``peak_anon_gib``), each process's own peaks by role (``process_peak_gib``,
     ``process_peak_anon_gib``), wall seconds, and the samples themselves (``timeline``: [epoch seconds, RSS GiB,
-    anon GiB] every 0.25 s, to line up with a run's step end times: which phase sets the peak). Exits naming the
-    log when the command fails."""
+    anon GiB] every 0.25 s, to line up with a run's step end times: which phase sets the peak), the host's available
+    memory at the start and its major page faults while the command ran (``host``). Exits naming the log when the
+    command fails."""
     peak = [0, 0]
     timeline: list[list[float]] = []
     per_role: dict[str, int] = {}
     per_role_anon: dict[str, int] = {}
+    before = host_memory()
     with log.open("w") as f:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
@@ -119,4 +130,6 @@ def run_measured(cmd: list[str], log: Path) -> dict:
     return {"peak_rss_gib": peak[0] / 2**30, "peak_anon_gib": peak[1] / 2**30,
             "process_peak_gib": {k: v / 2**30 for k, v in sorted(per_role.items())},
             "process_peak_anon_gib": {k: v / 2**30 for k, v in sorted(per_role_anon.items())},
-            "wall_s": time.monotonic() - t0, "timeline": timeline}
+            "wall_s": time.monotonic() - t0, "timeline": timeline,
+            "host": {"available_gib_at_start": round(before["available_gib"], 2),
+                     "major_faults": host_memory()["major_faults"] - before["major_faults"]}}

@@ -124,3 +124,84 @@ def test_a_tied_head_travels_once(tmp_path):
     a = _publish(sender, 1, {"embed.weight": emb, "lm_head.weight": emb, "norm": torch.ones(16)})
     assert a["manifest"].names == ("embed.weight", "norm")
     assert os.path.getsize(sender.slot_path(1)) == HEADER_BYTES + 100 * 16 * 4 + 64
+
+
+def _engine_tensors(dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """What an engine's state dict holds for _state's names: zeros, ``w`` in the engine's sampling dtype."""
+    return {"w": torch.zeros(64, 32, dtype=dtype), "b": torch.zeros(32, dtype=torch.bfloat16)}
+
+
+def test_copy_into_writes_the_version_into_the_engines_own_tensors(tmp_path):
+    """No whole copy in between: the engine's tensors are written in place (cast to their dtype), the same values
+    as get() gives."""
+    sender, receiver = ShmSender(tmp_path / "w", "p", directory=tmp_path), ShmReceiver()
+    a1 = _publish(sender, 1, _state(1))
+    target = _engine_tensors(torch.bfloat16)
+    where = {k: v.data_ptr() for k, v in target.items()}
+    assert receiver.copy_into(a1["uri"], a1["checksum"], a1["manifest"], target) == 1
+    assert {k: v.data_ptr() for k, v in target.items()} == where  # written in place
+    assert torch.equal(target["w"], _state(1)["w"].to(torch.bfloat16)) and torch.equal(target["b"], _state(1)["b"])
+    assert receiver.last_bytes == sender.last_bytes
+
+
+def test_copy_into_refuses_before_writing_anything(tmp_path):
+    """A superseded version, a wrong checksum and tensors that do not fit leave the engine's weights as they were."""
+    sender, receiver = ShmSender(tmp_path / "w", "p", directory=tmp_path), ShmReceiver()
+    a1 = _publish(sender, 1, _state(1))
+    _publish(sender, 3, _state(3))  # version 3 takes version 1's slot
+    target = _engine_tensors()
+    with pytest.raises(VersionSuperseded, match="holds version 3"):
+        receiver.copy_into(a1["uri"], a1["checksum"], a1["manifest"], target)
+    a4 = _publish(sender, 4, _state(4))
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        receiver.copy_into(a4["uri"], "shm:4:1", a4["manifest"], target)
+    wrong = {"w": torch.zeros(32, 64), "b": torch.zeros(32, dtype=torch.bfloat16)}
+    with pytest.raises(ValueError, match="do not fit"):
+        receiver.copy_into(a4["uri"], a4["checksum"], a4["manifest"], wrong)
+    assert not target["w"].any() and not target["b"].any() and not wrong["w"].any()
+
+
+def _rewrite_during_the_first_copy(monkeypatch, rewrite):
+    """Run ``rewrite()`` (the learner writing its slot) right after the first tensor is copied into the engine."""
+    real, done = torch.Tensor.copy_, []
+
+    def copy_then_rewrite(t, src, *args, **kwargs):
+        out = real(t, src, *args, **kwargs)
+        if not done:
+            done.append(1)
+            rewrite()
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_then_rewrite)
+
+
+def test_a_slot_rewritten_mid_copy_leaves_the_engine_on_the_newer_version_whole(tmp_path, monkeypatch):
+    """The learner laps the engine while its tensors are being written: they hold a mix, so the newer version the
+    slot then holds is copied whole, and the engine serves that one."""
+    sender, receiver = ShmSender(tmp_path / "w", "p", directory=tmp_path), ShmReceiver()
+    a1 = _publish(sender, 1, _state(1))
+    _publish(sender, 2, _state(2))
+    target = _engine_tensors()
+    _rewrite_during_the_first_copy(monkeypatch, lambda: _publish(sender, 3, _state(3)))
+    assert receiver.copy_into(a1["uri"], a1["checksum"], a1["manifest"], target) == 3
+    assert torch.equal(target["w"], _state(3)["w"]) and torch.equal(target["b"], _state(3)["b"])
+
+
+def test_a_slot_that_never_settles_is_weights_torn_which_the_handshake_does_not_serve_on(tmp_path, monkeypatch):
+    """The learner died mid-write (its sequence stays odd): the engine holds a mix no version completes, and the
+    error is neither a ValueError nor a RuntimeError, which the handshake would count as a refusal and go on
+    serving: it ends the follower and the service restarts on whole weights."""
+    from mutualrl.weights.transport import WeightsTorn
+
+    sender, receiver = ShmSender(tmp_path / "w", "p", directory=tmp_path), ShmReceiver()
+    a1 = _publish(sender, 1, _state(1))
+    slot = sender._maps[1]
+
+    def die_mid_write():
+        seq, _, nbytes, pid = slot.header()
+        slot.set_header(seq + 1, 0, nbytes, pid)
+
+    _rewrite_during_the_first_copy(monkeypatch, die_mid_write)
+    with pytest.raises(WeightsTorn, match="mix of versions"):
+        receiver.copy_into(a1["uri"], a1["checksum"], a1["manifest"], _engine_tensors(), settle_s=0.2)
+    assert not issubclass(WeightsTorn, (ValueError, RuntimeError))

@@ -214,3 +214,25 @@ def test_a_version_superseded_before_it_was_loaded_keeps_the_rollout_side_waitin
     assert _publish(ex, restarted, 1, _state(11)) == 2
     follower.load_newest()
     assert follower.caught_up() and engine.version == 2 and torch.equal(engine.state["w"], _state(11)["w"])
+
+
+def test_an_engine_left_with_torn_weights_stops_the_follower_instead_of_serving_them(tmp_path):
+    """WeightsTorn (a shared-memory copy the learner's slot never settled for): not a refusal to count and serve
+    on, but the end of the follower, so the rollout service exits and restarts on whole weights."""
+    from mutualrl.weights.shm import ShmSender
+    from mutualrl.weights.transport import WeightsTorn
+
+    ex = ExperienceExchange(InProcessBroker(), "mutualrl:torn")
+
+    def torn(version, uri, checksum, manifest):
+        raise WeightsTorn(f"{uri}: a mix of versions")
+
+    follower = WeightsFollower(POLICY, ex, None, torn, lambda: 0)
+    _publish(ex, WeightsPublisher(POLICY, ex, ShmSender(tmp_path / "w", POLICY, directory=tmp_path)), 1, _state(1))
+    with pytest.raises(WeightsTorn):
+        follower.load_newest()
+    stop = threading.Event()
+    follower.follow(stop).join(timeout=30)
+    assert stop.is_set()  # the follower's thread ended and stopped the service
+    with pytest.raises(RuntimeError, match="weights follower failed"):
+        follower.caught_up()

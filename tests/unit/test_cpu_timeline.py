@@ -40,3 +40,5 @@ def test_run_measured_samples_the_trees_memory_over_time(tmp_path):
     times = [t for t, _, _ in m["timeline"]]
     assert len(times) >= 3 and times == sorted(times)
     assert max(a for _, _, a in m["timeline"]) == pytest.approx(m["peak_anon_gib"], abs=0.01)
+    # the host's state beside the figures: its free memory at the start, its major page faults meanwhile
+    assert 0 < m["host"]["available_gib_at_start"] < 4096 and m["host"]["major_faults"] >= 0

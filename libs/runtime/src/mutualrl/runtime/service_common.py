@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from typing_extensions import override
 
@@ -99,13 +100,19 @@ class ServiceContext:
         hb = self.exchange.last("heartbeat", f"{policy or self.args.policy}.{role}")
         return int(hb.payload.step) if hb is not None else 0
 
-    def wait_for(self, predicate, timeout_s: float, stop: threading.Event, poll_s: float = 0.02) -> bool:
-        """Poll ``predicate`` until it holds (True), the timeout passes or ``stop`` is set (False)."""
+    def wait_for(self, predicate, timeout_s: float, stop: threading.Event, poll_s: float = 0.02,
+                 idle: Callable[[float], object] | None = None) -> bool:
+        """Poll ``predicate`` until it holds (True), the timeout passes or ``stop`` is set (False). Between polls,
+        ``idle(poll_s)`` runs in place of a sleep of ``poll_s`` (a service's main thread runs the engine calls
+        other threads handed it: mutualrl.runtime.owner_thread)."""
         deadline = time.monotonic() + timeout_s
         while not stop.is_set():
             if predicate():
                 return True
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(poll_s)
+            if idle is not None:
+                idle(poll_s)
+            else:
+                time.sleep(poll_s)
         return False

@@ -40,6 +40,11 @@ _DTYPE_OF = {v: k for k, v in _CODES.items()}
 _HEADER = struct.Struct("<qq")  # count, dtype code
 
 
+def is_delta(manifest) -> bool:
+    """Whether an announced version (its manifest) is a delta, not a whole version."""
+    return manifest is not None and BASE_KEY in manifest.names
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s values as integers of the same width, flattened: equal bits, equal integers (so a
     comparison sees a change of -0.0 to 0.0 and NaN to NaN as what they are, in their bits)."""
@@ -193,6 +198,13 @@ class DeltaReceiver:
             apply_delta(rebuilt, blob)
             out[name] = rebuilt
         return out
+
+    def copy_into(self, uri: str, checksum: str | None, manifest, target: dict[str, torch.Tensor]) -> int:
+        """A whole version, straight into the engine's tensors by the wrapped receiver (the shared-memory one's
+        ``copy_into``); a delta goes through :meth:`get`, which rebuilds it on those tensors."""
+        if is_delta(manifest):
+            raise ValueError(f"{uri}: a delta is rebuilt through get(), not copied whole")
+        return self.inner.copy_into(uri, checksum, manifest, target)
 
     def acknowledge(self, policy: str, version: int) -> None:
         """Passed to the wrapped receiver."""

@@ -9,11 +9,17 @@ copies them out — two memcpys.
   writes v. Each slot is a file ``mutualrl-<tag>-<policy>-<slot>`` (tag: the run's weights directory),
   mapped once by each side and written in place (remapped only when a restarted learner recreates it).
 - **A seqlock per slot** (header: magic, sequence, version, bytes, the learner's pid): the learner makes
-  the sequence odd, writes, records the version, makes it even. The engine copies the tensors out and
+  the sequence odd, writes, records the version, makes it even. A reader copies the tensors out and
   checks the sequence did not move and the version is the one announced; otherwise the version was
   superseded while it read (the engine lagged two versions) and :class:`VersionSuperseded` says so —
   the handshake then loads the newest instead. The tensors' names, dtypes and shapes travel in the
   signed announcement (the same manifest the collective transport sends); their offsets follow from it.
+- **Straight into the engine's tensors.** An hf engine's load copies each tensor from the slot into the
+  parameter it replaces (:meth:`ShmReceiver.copy_into`), with no whole copy of the version in between (that
+  copy was as large as the weights: 0.54 GB for SmolLM2 in fp32, at every load). A slot rewritten mid-copy
+  leaves a mix in the engine, so the copy is not given up there: it is made again from the newer version the
+  slot now holds, before the engine serves anything, and the engine serves that one (:class:`WeightsTorn` if
+  the slot never settles).
 - **Room checked, orphans reclaimed.** Slots are allocated with ``posix_fallocate``, so a ``/dev/shm``
   too small for two versions is one clear :class:`ShmTooSmall` line at the first publish, not a SIGBUS
   mid-copy. A learner unlinks its slots when it stops; a killed one leaves them, and the next learner's
@@ -31,13 +37,22 @@ import hashlib
 import logging
 import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import torch
 
-from mutualrl.weights.transport import _DTYPES, Announce, TensorManifest, VersionSuperseded, untied
+from mutualrl.weights.transport import (
+    _DTYPES,
+    Announce,
+    TensorManifest,
+    VersionSuperseded,
+    WeightsTorn,
+    check_fits,
+    untied,
+)
 
 SHM_SCHEME = "shm://"
 DEFAULT_DIR = Path("/dev/shm")
@@ -220,9 +235,9 @@ class ShmReceiver:
             m = self._maps[path] = _Mapping.open(path)
         return m
 
-    def get(self, uri: str, checksum: str | None = None,
-            manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
-        """The announced version's tensors (copies: the slot may be rewritten two versions later)."""
+    def _open_version(self, uri: str, checksum: str | None,
+                      manifest: TensorManifest | None) -> tuple[Path, _Mapping, list[int], int, int]:
+        """The slot of the announced version, checked to hold it whole: (path, mapping, offsets, bytes, sequence)."""
         if manifest is None:
             raise ValueError(f"{uri}: a shared-memory version needs its announced manifest")
         path, version = parse_shm_uri(uri)
@@ -236,16 +251,62 @@ class ShmReceiver:
             raise ValueError(f"checksum mismatch for {uri}")
         if m.buf.numel() < HEADER_BYTES + nbytes:  # the slot grew for a larger version (a whole one after deltas)
             m = self._maps[path] = _Mapping.open(path)
+        return path, m, offs, nbytes, seq
+
+    @staticmethod
+    def _views(m: _Mapping, manifest: TensorManifest, offs: list[int]) -> dict[str, torch.Tensor]:
+        """Each tensor of the slot, as a view of the mapping (no copy)."""
         data = m.buf[HEADER_BYTES:]
         out = {}
         for name, d, shape, off in zip(manifest.names, manifest.dtypes, manifest.shapes, offs):
             dtype = _DTYPES[d]
             n = torch.empty((), dtype=dtype).element_size() * int(torch.Size(shape).numel())
-            out[name] = data[off: off + n].clone().view(dtype).reshape(shape)
+            out[name] = data[off: off + n].view(dtype).reshape(shape)
+        return out
+
+    def get(self, uri: str, checksum: str | None = None,
+            manifest: TensorManifest | None = None) -> dict[str, torch.Tensor]:
+        """The announced version's tensors (copies: the slot may be rewritten two versions later)."""
+        _, m, offs, nbytes, seq = self._open_version(uri, checksum, manifest)
+        out = {k: v.clone() for k, v in self._views(m, manifest, offs).items()}
         if m.header()[0] != seq:
             raise VersionSuperseded(f"{uri}: rewritten with a newer version while it was read")
         self.last_bytes = nbytes
         return out
+
+    def copy_into(self, uri: str, checksum: str | None, manifest: TensorManifest | None,
+                  target: dict[str, torch.Tensor], settle_s: float = 30.0) -> int:
+        """Copy the announced version from its slot straight into ``target`` (an engine's state dict: its
+        parameters, cast to their dtype as they are written) and return the version ``target`` now holds.
+
+        Refused before anything is written when the version does not fit ``target``, is no longer in its slot
+        (:class:`VersionSuperseded`) or its checksum is wrong. If the learner rewrites the slot while it is copied
+        (the engine lagged two versions), ``target`` holds a mix: the copy is made again from the newer version the
+        slot then holds, once its writer is done, and that version is returned. The caller holds the engine's lock
+        throughout, so nothing samples from the mix. A slot that does not settle within ``settle_s`` (its writer
+        died mid-write) raises :class:`WeightsTorn`."""
+        _, m, offs, nbytes, seq = self._open_version(uri, checksum, manifest)
+        check_fits(uri, {k: tuple(s) for k, s in zip(manifest.names, manifest.shapes)}, target)
+        version = parse_shm_uri(uri)[1]
+        deadline = time.monotonic() + settle_s
+        while True:
+            with torch.no_grad():
+                for name, view in self._views(m, manifest, offs).items():
+                    target[name].copy_(view)
+            now, at, size, _ = m.header()
+            if now == seq:
+                self.last_bytes = nbytes
+                return version
+            log.warning("weights slot rewritten while it was copied into the engine: copying the newer version",
+                        extra={"fields": {"version": version}})
+            while (now % 2 or size != nbytes) and time.monotonic() < deadline:
+                time.sleep(0.01)
+                now, at, size, _ = m.header()
+            if now % 2 or size != nbytes:
+                raise WeightsTorn(f"{uri}: the slot was rewritten while it was copied into the engine and did not "
+                                  f"settle on a whole version of the same tensors within {settle_s:.0f} s: the "
+                                  "engine's weights are a mix of versions")
+            seq, version = now, at
 
     def acknowledge(self, policy: str, version: int) -> None:
         """Nothing to free: the two slots are rewritten in place."""

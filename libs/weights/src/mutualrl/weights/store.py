@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mutualrl.weights.tensor_file import TensorFile
-from mutualrl.weights.transport import Announce, TensorManifest, checksum_of_stream, tensor_checksum, untied
+from mutualrl.weights.transport import Announce, TensorManifest, check_fits, checksum_of_stream, tensor_checksum, untied
 
 
 def verify_checksum(uri: str, checksum: str) -> None:
@@ -107,7 +107,7 @@ class WeightStore:
         served weights as they were. An in-process version is copied from the state kept in memory."""
         if uri.startswith("inproc://"):
             state = self.get(uri, checksum)
-            _check_fits(uri, {k: tuple(v.shape) for k, v in state.items()}, target)
+            check_fits(uri, {k: tuple(v.shape) for k, v in state.items()}, target)
             with torch.no_grad():
                 for k, v in state.items():
                     target[k].copy_(v)
@@ -117,7 +117,7 @@ class WeightStore:
             raise FileNotFoundError(f"no weights at {uri}")
         with TensorFile(path) as f:  # ordinary reads: the file is never mapped into this process (tensor_file.py)
             names = f.keys()
-            _check_fits(uri, {k: f.shape(k) for k in names}, target)
+            check_fits(uri, {k: f.shape(k) for k in names}, target)
             ident = self._identity(uri, {})
             if checksum and self._verified.get(uri) != (checksum, ident):
                 if checksum_of_stream((k, f.read(k)) for k in names) != checksum:
@@ -145,14 +145,3 @@ class WeightStore:
             for d in (self.root / policy).iterdir():
                 if d.name.startswith("v") and d.name[1:].isdigit() and int(d.name[1:]) <= version - self.keep:
                     shutil.rmtree(d, ignore_errors=True)
-
-
-def _check_fits(uri: str, shapes: dict[str, tuple[int, ...]], target: dict[str, torch.Tensor]) -> None:
-    """A version fits an engine when it names exactly the engine's tensors with their shapes, up to a tied LM head
-    (stored once, under the embedding's name)."""
-    missing = [k for k in target if k not in shapes and not k.endswith("lm_head.weight")]
-    unexpected = [k for k in shapes if k not in target]
-    wrong = [k for k, shape in shapes.items() if k in target and tuple(target[k].shape) != shape]
-    if missing or unexpected or wrong:
-        raise ValueError(f"weights at {uri} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
-                         f"wrong shape {wrong[:3]}")

@@ -94,6 +94,25 @@ class NeedsFullVersion(VersionSuperseded):
     never loaded: it restarted, or skipped one): the handshake asks the learner to send the weights again, whole."""
 
 
+class WeightsTorn(Exception):  # noqa: N818 - named for what happened, like VersionSuperseded
+    """An engine's weights were overwritten in place and could not be completed with one whole version (a
+    shared-memory slot rewritten while it was copied, and never settled again): what the engine holds is a mix of
+    versions. Deliberately neither a ValueError nor a RuntimeError, which the handshake counts as a refused version
+    and serves on: this one ends the weights follower, and the rollout service exits to be restarted on whole
+    weights, before anything is sampled from the mix."""
+
+
+def check_fits(uri: str, shapes: dict[str, tuple[int, ...]], target: dict[str, torch.Tensor]) -> None:
+    """A version fits an engine when it names exactly the engine's tensors with their shapes, up to a tied LM head
+    (stored once, under the embedding's name). Checked before anything is written into ``target``."""
+    missing = [k for k in target if k not in shapes and not k.endswith("lm_head.weight")]
+    unexpected = [k for k in shapes if k not in target]
+    wrong = [k for k, shape in shapes.items() if k in target and tuple(target[k].shape) != tuple(shape)]
+    if missing or unexpected or wrong:
+        raise ValueError(f"weights at {uri} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                         f"wrong shape {wrong[:3]}")
+
+
 Announce = Callable[[str, str, "TensorManifest | None"], None]
 """``announce(uri, checksum, manifest)``: publish the signed ``WeightsPublished`` (the manifest is
 None for the filesystem transport)."""

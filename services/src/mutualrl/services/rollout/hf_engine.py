@@ -17,6 +17,7 @@ from mutualrl.models.generation import Sample, sample, stop_string_check, text_d
 from mutualrl.models.precision import Precision, resolve_precision
 from mutualrl.services.rollout.engine import EngineInfo, EngineSetup, RolloutEngine, SamplingSpec
 from mutualrl.weights import TensorManifest, WeightReceiver
+from mutualrl.weights.deltas import is_delta
 from mutualrl.weights.shared import SHARED_SCHEME
 
 
@@ -94,6 +95,14 @@ class HFEngine(RolloutEngine):
                                  f"{'shares' if self.shared else 'does not share'} the learner's module)")
             with self._lock:  # the learner's module is these weights already
                 self.version = version
+            return
+        # shared memory: each tensor copied from the learner's slot into the parameter it replaces, no whole copy of
+        # the version in between (mutualrl.weights.shm). The receiver returns the version it copied: a newer one when
+        # the learner rewrote the slot meanwhile
+        copy_into = getattr(self.store, "copy_into", None)
+        if copy_into is not None and manifest is not None and not is_delta(manifest):
+            with self._lock:
+                self.version = copy_into(uri, checksum, manifest, self.model.state_dict())
             return
         load_into = getattr(self.store, "load_into", None)  # a StreamingReceiver: one tensor at a time
         if load_into is not None and manifest is None:

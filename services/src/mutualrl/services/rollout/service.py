@@ -8,6 +8,9 @@ with k > 0 the next steps are sampled while the learner trains. After a restart 
 learner's next step, or past the last step its ledger recorded (never sampling a step twice); with the
 collective transport, a version broadcast before it rejoined is asked for again (an
 ``awaiting_weights`` heartbeat) rather than sampled past.
+
+The engine runs on the service's main thread only (mutualrl.runtime.owner_thread): the weights follower, the rescue
+responder and the gRPC handlers hand their loads and generations to it, and it runs them whenever it waits.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from mutualrl.models.policy import context_limit
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.faults import fault_point
 from mutualrl.runtime.http_endpoints import OpsServer
+from mutualrl.runtime.owner_thread import OwnerThread
 from mutualrl.runtime.policy_setup import prepare_policy, prompt_style
 from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service_logger, stop_flag
 from mutualrl.runtime.shard import shard_from_env
 from mutualrl.services.rollout.factory import build_engine, join_engine_group, rollout_transport
 from mutualrl.services.rollout.metrics import RolloutMetrics
+from mutualrl.services.rollout.owned_engine import OwnedEngine
 from mutualrl.services.rollout.rescue_responder import SampleResponder
 from mutualrl.services.rollout.server import RolloutServicer, serve, update_weights_token
 from mutualrl.services.rollout.setup import make_worker
@@ -86,6 +91,7 @@ class RolloutService:
         self.log = service_logger(f"{args.policy}.rollout")
         self.ctx = ServiceContext(args)
         self.step = 0  # the last step sampled
+        self.owner = OwnerThread()  # the main thread: the only one that runs the engine
 
     def start(self) -> RolloutService:
         """The engine on the policy's weights, joined to the learner's weight group when collective; the gRPC
@@ -105,11 +111,14 @@ class RolloutService:
         join_engine_group(cfg, ctx.index, engine, args.weights_group)
         if isinstance(store, DeltaReceiver):  # deltas are rebuilt on the tensors this engine serves
             store.attach(engine.model.state_dict, lambda: engine.info().weights_version)
+        # what the other threads call: an in-process engine's work is handed to the main thread (a server's is not
+        # this process's torch work, and it takes concurrent requests)
+        shared = OwnedEngine(engine, self.owner) if engine.facts.in_process else engine
         registry = CollectorRegistry()
         keyring = ctx.exchange.codec.keyring  # UpdateWeights: the learner's identity (its signing key) authenticates
         key = keyring.key(f"{p.name}.learner") if keyring is not None else None
         context = context_limit(pp.arts.model.config)
-        servicer = RolloutServicer(p.name, engine, pp.arts.tokenizer, pp.arts.fingerprint, registry,
+        servicer = RolloutServicer(p.name, shared, pp.arts.tokenizer, pp.arts.fingerprint, registry,
                                    prompt_style(cfg, p), max_context=context,
                                    announced=partial(_announced, ctx.exchange, p.name),
                                    update_token=update_weights_token(key, p.name) if key else None)
@@ -126,12 +135,12 @@ class RolloutService:
                                               "resume_step": self.next_step,
                                               "replica": f"{shard.index + 1} of {shard.count}"}})
         self.follower = follower = WeightsFollower(
-            p.name, ctx.exchange, store, engine.update_weights, lambda: engine.info().weights_version,
+            p.name, ctx.exchange, store, shared.update_weights, lambda: engine.info().weights_version,
             collective=collective, log=log, on_loaded=lambda v: _loaded(servicer.metrics, p.name, v, follower),
             on_refused=lambda v, e: metrics.refused.labels(p.name).inc())
         self.worker.weights_step = follower.served_step
         follower.follow(self.stopping)
-        _answer_rescue_requests(ctx, engine, self.worker.sampling, context, log, shard.index, self.stopping)
+        _answer_rescue_requests(ctx, shared, self.worker.sampling, context, log, shard.index, self.stopping)
         return self
 
     def health(self) -> dict:
@@ -148,7 +157,7 @@ class RolloutService:
         while step <= cfg.budget.steps and not self.stopping.is_set():
             # bounded staleness: the learner finished step t-1-k and its newest version is served
             if not ctx.wait_for(lambda: ctx.last_step("learner") >= step - 1 - ahead and self.follower.caught_up(),
-                                3600, self.stopping):
+                                3600, self.stopping, idle=self.owner.run_pending):
                 break
             # crash tests: the weights are loaded, nothing sampled
             fault_point("rollout_before_sample", step, ctx.state_dir, p.name)
@@ -157,12 +166,15 @@ class RolloutService:
             self.step = step
             step += 1
         # the budget is sampled: keep serving (weights updates, Generate) until told to stop
-        self.stopping.wait()
+        while not self.stopping.is_set():
+            self.owner.run_pending(0.1)
         self.follower.check()
         return 0
 
     def stop(self) -> None:
-        """Close what ``start`` opened: the gRPC server, the ops endpoints, the ledger."""
+        """Close what ``start`` opened: the gRPC server, the ops endpoints, the ledger; calls still waiting for the
+        main thread are refused."""
+        self.owner.close()
         self.server.stop(grace=2)
         self.ops.stop()
         self.ledger.close()
