@@ -202,6 +202,18 @@ def test_a_slot_that_never_settles_is_weights_torn_which_the_handshake_does_not_
         slot.set_header(seq + 1, 0, nbytes, pid)
 
     _rewrite_during_the_first_copy(monkeypatch, die_mid_write)
-    with pytest.raises(WeightsTorn, match="mix of versions"):
+    with pytest.raises(WeightsTorn, match="did not finish.*mix of versions"):
         receiver.copy_into(a1["uri"], a1["checksum"], a1["manifest"], _engine_tensors(), settle_s=0.2)
     assert not issubclass(WeightsTorn, (ValueError, RuntimeError))
+
+
+def test_a_slot_rewritten_mid_copy_with_other_tensors_is_weights_torn_at_once(tmp_path, monkeypatch):
+    """The newer version in the slot is a delta (other tensors, fewer bytes): it cannot complete the copy, and
+    waiting would not help."""
+    from mutualrl.weights.transport import WeightsTorn
+
+    sender, receiver = ShmSender(tmp_path / "w", "p", directory=tmp_path), ShmReceiver()
+    a1 = _publish(sender, 1, _state(1))
+    _rewrite_during_the_first_copy(monkeypatch, lambda: _publish(sender, 3, {"__delta__.w": torch.zeros(8)}))
+    with pytest.raises(WeightsTorn, match="other tensors"):
+        receiver.copy_into(a1["uri"], a1["checksum"], a1["manifest"], _engine_tensors(), settle_s=30)

@@ -283,8 +283,9 @@ class ShmReceiver:
         (:class:`VersionSuperseded`) or its checksum is wrong. If the learner rewrites the slot while it is copied
         (the engine lagged two versions), ``target`` holds a mix: the copy is made again from the newer version the
         slot then holds, once its writer is done, and that version is returned. The caller holds the engine's lock
-        throughout, so nothing samples from the mix. A slot that does not settle within ``settle_s`` (its writer
-        died mid-write) raises :class:`WeightsTorn`."""
+        throughout, so nothing samples from the mix. :class:`WeightsTorn` when that cannot be done within
+        ``settle_s``: the writer died mid-write, the newer version is a delta (other tensors), or the slot kept
+        being rewritten."""
         _, m, offs, nbytes, seq = self._open_version(uri, checksum, manifest)
         check_fits(uri, {k: tuple(s) for k, s in zip(manifest.names, manifest.shapes)}, target)
         version = parse_shm_uri(uri)[1]
@@ -299,13 +300,14 @@ class ShmReceiver:
                 return version
             log.warning("weights slot rewritten while it was copied into the engine: copying the newer version",
                         extra={"fields": {"version": version}})
-            while (now % 2 or size != nbytes) and time.monotonic() < deadline:
+            while now % 2 and time.monotonic() < deadline:  # its writer is still at it
                 time.sleep(0.01)
                 now, at, size, _ = m.header()
-            if now % 2 or size != nbytes:
-                raise WeightsTorn(f"{uri}: the slot was rewritten while it was copied into the engine and did not "
-                                  f"settle on a whole version of the same tensors within {settle_s:.0f} s: the "
-                                  "engine's weights are a mix of versions")
+            if now % 2 or size != nbytes or time.monotonic() >= deadline:
+                why = ("its writer did not finish" if now % 2 else
+                       "it now holds other tensors (a delta)" if size != nbytes else "it kept being rewritten")
+                raise WeightsTorn(f"{uri}: the slot was rewritten while it was copied into the engine and cannot "
+                                  f"complete it ({why}, {settle_s:.0f} s): the engine's weights are a mix of versions")
             seq, version = now, at
 
     def acknowledge(self, policy: str, version: int) -> None:
