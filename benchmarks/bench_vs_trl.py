@@ -190,7 +190,8 @@ def main() -> None:
                     help="A folder: each side's resident memory every 0.25 s and its step end times (SIDE.json), "
                          "to see which phase sets a peak.")
     ap.add_argument("--keep", type=Path, default=None,
-                    help="A folder to run in and keep (each side's run folder and log) instead of a temporary one.")
+                    help="A folder to run in and keep (each side's run folder and log) instead of a temporary one. "
+                         "It keeps each side's final checkpoint too (a few GB for SmolLM2): delete it when read.")
     ap.add_argument("--trl-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_worker:
