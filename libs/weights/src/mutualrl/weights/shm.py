@@ -236,8 +236,9 @@ class ShmReceiver:
         return m
 
     def _open_version(self, uri: str, checksum: str | None,
-                      manifest: TensorManifest | None) -> tuple[Path, _Mapping, list[int], int, int]:
-        """The slot of the announced version, checked to hold it whole: (path, mapping, offsets, bytes, sequence)."""
+                      manifest: TensorManifest | None) -> tuple[int, _Mapping, list[int], int, int]:
+        """The slot of the announced version, checked to hold it whole: (version, mapping, offsets, bytes,
+        sequence)."""
         if manifest is None:
             raise ValueError(f"{uri}: a shared-memory version needs its announced manifest")
         path, version = parse_shm_uri(uri)
@@ -251,7 +252,7 @@ class ShmReceiver:
             raise ValueError(f"checksum mismatch for {uri}")
         if m.buf.numel() < HEADER_BYTES + nbytes:  # the slot grew for a larger version (a whole one after deltas)
             m = self._maps[path] = _Mapping.open(path)
-        return path, m, offs, nbytes, seq
+        return version, m, offs, nbytes, seq
 
     @staticmethod
     def _views(m: _Mapping, manifest: TensorManifest, offs: list[int]) -> dict[str, torch.Tensor]:
@@ -286,9 +287,8 @@ class ShmReceiver:
         throughout, so nothing samples from the mix. :class:`WeightsTorn` when that cannot be done within
         ``settle_s``: the writer died mid-write, the newer version is a delta (other tensors), or the slot kept
         being rewritten."""
-        _, m, offs, nbytes, seq = self._open_version(uri, checksum, manifest)
+        version, m, offs, nbytes, seq = self._open_version(uri, checksum, manifest)
         check_fits(uri, {k: tuple(s) for k, s in zip(manifest.names, manifest.shapes)}, target)
-        version = parse_shm_uri(uri)[1]
         deadline = time.monotonic() + settle_s
         while True:
             with torch.no_grad():
