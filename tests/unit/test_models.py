@@ -247,3 +247,34 @@ def test_a_stop_string_check_waits_for_a_stop_string_that_starts_earlier():
     assert not holds([0, 1]) and not holds([0, 1, 2]) and holds([0, 1, 2, 3])
     assert stop_string_check(decode, ("cd",))([0, 1, 2])
     assert stop_string_check(decode, ()) is None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_a_shared_prefill_gives_each_row_what_the_whole_batchs_prefill_gives(tokenizers, family):
+    """A prompt repeated across a group's rows is prefilled once and its cache copied to the rows: the same tokens,
+    log-probs and finish reasons bit for bit as prefilling every row (prompts of different lengths, so the copies
+    carry left padding; rows that end early leave the batch as before), with one forward row per distinct prompt."""
+    tok = tokenizers["bpe"]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    model = build_model(family, len(tok), SHAPE, ids, seed=3).eval()
+    distinct = [encode_prompt(tok, p, False) for p in ["1+2=", "45+67=", "9+", "300+2="]]
+    prompts = [p for p in distinct for _ in range(4)]
+    prefill_rows = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: prefill_rows.append(kw["input_ids"].shape),
+                                           with_kwargs=True)
+
+    def draw(share: bool):
+        prefill_rows.clear()
+        out = sample(model, prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=20,
+                     temperature=1.0, generator=torch.Generator().manual_seed(0), share_prefill=share)
+        return out, prefill_rows[0]
+
+    whole, whole_prefill = draw(False)
+    shared, shared_prefill = draw(True)
+    hook.remove()
+    assert [s.token_ids for s in shared] == [s.token_ids for s in whole]
+    assert [s.logprobs for s in shared] == [s.logprobs for s in whole]
+    assert [s.finish_reason for s in shared] == [s.finish_reason for s in whole]
+    assert whole_prefill[0] == 16 and shared_prefill[0] == 4  # one prefill row per distinct prompt
+    assert whole_prefill[1] == shared_prefill[1]  # padded to the same width
+    assert len({tuple(s.token_ids) for s in shared[:4]}) > 1  # a group's rows still sample their own completions

@@ -113,6 +113,7 @@ def sample(
     should_stop: Callable[[], bool] | None = None,
     compact: bool = True,
     stop: StopStrings | None = None,
+    share_prefill: bool = True,
 ) -> list[Sample]:
     """One completion per prompt (repeat a prompt for a group). ``temperature=0`` is greedy.
     ``should_stop`` is asked before every token: a caller that went away (a cancelled RPC, a
@@ -121,7 +122,9 @@ def sample(
     row draws from the same uniform stream either way, so a seed gives the same samples up to the
     float rounding of a smaller batch's matmuls. ``stop`` (:func:`stop_string_check`): whether a row's
     completion so far holds a stop string; the row ends at the token that completes it (finish reason
-    "stop"), as :func:`cut_at_stop` would cut it afterwards, instead of generating what would be cut."""
+    "stop"), as :func:`cut_at_stop` would cut it afterwards, instead of generating what would be cut.
+    ``share_prefill``: a prompt repeated across rows (a GRPO group) is prefilled once and its KV cache
+    copied to each of its rows (:func:`_prefill`)."""
     if not prompts:
         return []
     if any(len(p) == 0 for p in prompts):
@@ -131,7 +134,7 @@ def sample(
     model.eval()
     try:
         toks, lps, ends = _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperature, top_k,
-                                    top_p, generator, should_stop, compact, stop)
+                                    top_p, generator, should_stop, compact, stop, share_prefill)
     finally:
         if was_training:
             model.train()
@@ -147,17 +150,39 @@ def sample(
     return samples
 
 
-def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperature, top_k, top_p, generator,
-              should_stop, compact, stop=None) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
-    """The KV-cached loop of :func:`sample`: [B, n] token ids (pad after EOS or a stop string), their log-probs,
-    and the length of each row a stop string ended."""
-    ids, mask = _left_pad(prompts, pad_id, device)
+def _prefill(model, prompts: list[list[int]], pad_id: int, device, share: bool):
+    """The prompts' forward pass: (KV cache, next-token logits [B, V] fp32, attention mask, position ids).
+
+    The rows of a GRPO group share one prompt, and a prompt's forward does not depend on the other rows, so
+    with ``share`` each distinct prompt is computed once and its cache, logits, mask and positions copied to its
+    rows: 1/group of the prefill's work, which is a third of a 32-row × 48-token generation of SmolLM2 on a CPU.
+    The distinct prompts are left-padded to the same width as the whole batch would be (the longest prompt is
+    among them), so every row gets what the whole batch's prefill would have given it. A cache that cannot copy
+    rows (no ``batch_select_indices``) gets the whole batch's prefill instead."""
+    distinct: dict[tuple[int, ...], int] = {}
+    row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    shared = share and len(distinct) < len(prompts)
+    ids, mask = _left_pad([list(p) for p in distinct] if shared else prompts, pad_id, device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    B = len(prompts)
     # the prefill needs the next-token logits of the last position only: at a 151k vocabulary the
     # LM head over every prompt position would cost more than the rest of the model
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     past, logits = out.past_key_values, out.logits[:, -1, :].float()
+    if not shared:
+        return past, logits, mask, pos
+    if not hasattr(past, "batch_select_indices"):
+        return _prefill(model, prompts, pad_id, device, share=False)
+    rows = torch.tensor(row_of, device=device)
+    past.batch_select_indices(rows)
+    return past, logits[rows], mask[rows], pos[rows]
+
+
+def _generate(model, prompts, device, eos_id, pad_id, max_new_tokens, temperature, top_k, top_p, generator,
+              should_stop, compact, stop=None, share_prefill=True) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
+    """The KV-cached loop of :func:`sample`: [B, n] token ids (pad after EOS or a stop string), their log-probs,
+    and the length of each row a stop string ended."""
+    past, logits, mask, pos = _prefill(model, prompts, pad_id, device, share_prefill)
+    B = len(prompts)
     toks = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
     lps = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)
     rows = torch.arange(B, device=device)  # the original row of each row still in the batch
