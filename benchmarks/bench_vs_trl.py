@@ -161,6 +161,16 @@ def limits(model_dir: str, prompts: list[str], group: int, max_new: int, complet
 
 
 # --------------------------------------------------------------------------------------------- main
+def resume_group(pgid: int) -> None:
+    """SIGCONT the process group stopped while measuring. A stopped process keeps its memory, and the kernel's OOM
+    killer may have ended it while a side ran: say so, and keep the figures."""
+    try:
+        os.killpg(pgid, signal.SIGCONT)
+    except ProcessLookupError:
+        print(f"process group {pgid} is gone (killed while stopped: the OOM killer? see dmesg); figures kept",
+              file=sys.stderr, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
@@ -184,7 +194,8 @@ def main() -> None:
     ap.add_argument("--task", choices=["reasoning-gym", "arithmetic"], default="reasoning-gym",
                     help="arithmetic: our built-in 1-2 digit sums (no reasoning-gym package needed).")
     ap.add_argument("--pause-pgid", type=int, default=None,
-                    help="SIGSTOP this process group while measuring, SIGCONT after.")
+                    help="SIGSTOP this process group while measuring, SIGCONT after. A stopped process keeps its "
+                         "memory: leave room for the sides' peaks (TRL's whole batch in fp32: ~11.5 GiB for SmolLM2).")
     ap.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
     ap.add_argument("--timeline", type=Path, default=None,
                     help="A folder: each side's resident memory every 0.25 s and its step end times (SIDE.json), "
@@ -203,7 +214,7 @@ def main() -> None:
         figures = measure(args)
     finally:
         if args.pause_pgid:
-            os.killpg(args.pause_pgid, signal.SIGCONT)
+            resume_group(args.pause_pgid)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     if missed(figures):  # `make bench` names the benchmarks whose goals were missed
