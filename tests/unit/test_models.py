@@ -253,7 +253,7 @@ def test_a_stop_string_check_waits_for_a_stop_string_that_starts_earlier():
 def test_a_shared_prefill_gives_each_row_what_the_whole_batchs_prefill_gives(tokenizers, family):
     """A prompt repeated across a group's rows is prefilled once and its cache copied to the rows: the same tokens,
     log-probs and finish reasons bit for bit as prefilling every row (prompts of different lengths, so the copies
-    carry left padding; rows that end early leave the batch as before), with one forward row per distinct prompt."""
+    carry left padding), with one forward row per distinct prompt."""
     tok = tokenizers["bpe"]
     ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
     model = build_model(family, len(tok), SHAPE, ids, seed=3).eval()
