@@ -88,8 +88,12 @@ def test_micro_batched_update_equals_the_whole_batch_update(sampled, algorithm, 
     """One pass per micro-batch (every mode's loss is row-local) and the two-pass path (a mode that pools ℓ
     across rows) both give the whole-batch update."""
     arts, ex, store, inputs = sampled
-    whole = _learner(arts, ex, store, AlgorithmConfig(**algorithm), behaviour_correction=correction)
-    micro = _learner(arts, ex, store, AlgorithmConfig(**algorithm, micro_batch_rows=3, micro_batch_tokens=48),
+    # every row's whole sequence on both sides: the passes differ only in how they split the chain rule (a shared
+    # prompt forward rounds differently in passes that group rows differently, and AdamW's first step amplifies it)
+    whole = _learner(arts, ex, store, AlgorithmConfig(**algorithm, share_prompt_forward=False),
+                     behaviour_correction=correction)
+    micro = _learner(arts, ex, store, AlgorithmConfig(**algorithm, micro_batch_rows=3, micro_batch_tokens=48,
+                                                      share_prompt_forward=False),
                      behaviour_correction=correction)
     forwards = []
     monkeypatch.setattr(type(micro.updater.mode), "row_local_loss", passes == "one")
@@ -136,13 +140,43 @@ def test_micro_batches_carry_the_sgt_rescue_term(arithmetic_task):
                         torch.ones(6), [rescue])
     ex, store = ExperienceExchange(InProcessBroker(), "mutualrl:mb2"), WeightStore()
     sharing = SharingConfig(mode="sgt", sgt=SgtConfig(weight=1.0))
-    whole = _learner(arts, ex, store, AlgorithmConfig(), sharing)
-    micro = _learner(arts, ex, store, AlgorithmConfig(micro_batch_rows=2), sharing)
+    whole = _learner(arts, ex, store, AlgorithmConfig(share_prompt_forward=False), sharing)
+    micro = _learner(arts, ex, store, AlgorithmConfig(micro_batch_rows=2, share_prompt_forward=False), sharing)
     r_whole, r_micro = (x.updater.apply(inputs, {"logprob": 0.0}) for x in (whole, micro))
     assert r_whole.per_minibatch[0]["sgt_nll"] > 0
     assert r_micro.losses == pytest.approx(r_whole.losses, rel=1e-5)
     for a, b in zip(whole.model.parameters(), micro.model.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("micro_batch_rows", [None, 8])
+def test_a_shared_prompt_forward_gives_the_whole_sequences_update(sampled, micro_batch_rows, monkeypatch):
+    """The learner's default, one forward per distinct prompt in a pass (docs/algorithms.md §7.2), trains what every
+    row's whole sequence trains, to float rounding: the same loss, gradient norm and ratio, the weights within a few
+    parts in 10⁴ of the step (AdamW's first step, lr·sign(g) on tiny gradients, amplifies rounding); its passes ran
+    fewer rows than there are rows."""
+    from mutualrl.models import generation
+
+    arts, ex, store, inputs = sampled
+    full = _learner(arts, ex, store, AlgorithmConfig(share_prompt_forward=False, micro_batch_rows=micro_batch_rows))
+    shared = _learner(arts, ex, store, AlgorithmConfig(micro_batch_rows=micro_batch_rows))
+    assert shared.s.algorithm.share_prompt_forward and shared.updater.forward.share_prompts
+    prompt_rows = []
+    real = generation._shared_prompt_logprobs
+    monkeypatch.setattr(generation, "_shared_prompt_logprobs",
+                        lambda model, prompts, *a: prompt_rows.append(len({tuple(q) for q in prompts}))
+                        or real(model, prompts, *a))
+    r_full = full.updater.apply(inputs, {"logprob": 0.0})
+    assert not prompt_rows
+    r_shared = shared.updater.apply(inputs, {"logprob": 0.0})
+    assert prompt_rows and sum(prompt_rows) < len(inputs.rows.token_ids)  # a prompt ran once for several rows
+    assert r_shared.losses == pytest.approx(r_full.losses, rel=1e-5, abs=1e-7)
+    assert r_shared.grad_norms == pytest.approx(r_full.grad_norms, rel=1e-4)
+    assert r_shared.per_minibatch[0]["ratio_mean"] == pytest.approx(r_full.per_minibatch[0]["ratio_mean"], rel=1e-5)
+    start = dict(arts.model.named_parameters())
+    for (name, a), (_, b) in zip(full.model.named_parameters(), shared.model.named_parameters()):
+        moved = float((a - start[name]).detach().abs().max())
+        assert float((a - b).detach().abs().max()) <= 1e-2 * max(moved, 1e-8) + 1e-7, name
 
 
 def test_bf16_mixed_keeps_fp32_weights_and_corrects_for_the_sampler(sampled):

@@ -278,3 +278,57 @@ def test_a_shared_prefill_gives_each_row_what_the_whole_batchs_prefill_gives(tok
     assert whole_prefill[0] == 16 and shared_prefill[0] == 4  # one prefill row per distinct prompt
     assert whole_prefill[1] == shared_prefill[1]  # padded to the same width
     assert len({tuple(s.token_ids) for s in shared[:4]}) > 1  # a group's rows still sample their own completions
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_a_shared_prompt_forward_gives_the_whole_forwards_logprobs_and_gradients(tokenizers, family):
+    """The learner's log-probs with one forward per distinct prompt equal the whole forward's (to float rounding),
+    right-aligned with the same mask, and so do the weights' gradients (a prompt position's gradient is the sum over
+    the rows that share it); at a temperature, too."""
+    tok = tokenizers["bpe"]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    model = build_model(family, len(tok), SHAPE, ids, seed=4)
+    distinct = [encode_prompt(tok, p, False) for p in ["1+2=", "45+67=", "9+"]]
+    prompts = [p for p in distinct for _ in range(3)] + [encode_prompt(tok, "300+2=", False)]
+    g = torch.Generator().manual_seed(1)
+    completions = [torch.randint(3, len(tok), (n,), generator=g).tolist() for n in [5, 1, 3, 7, 2, 2, 4, 6, 1, 3]]
+
+    passes = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: passes.append(tuple(kw["input_ids"].shape)),
+                                           with_kwargs=True)
+
+    def run(share: bool):
+        model.zero_grad()
+        passes.clear()
+        logp, mask = sequence_logprobs(model, prompts, completions, pad_id=tok.pad_token_id, temperature=0.7,
+                                       share_prompts=share)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        return logp.detach(), mask, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    whole, whole_mask, whole_grads = run(False)
+    assert [rows for rows, _ in passes] == [10]
+    shared, shared_mask, shared_grads = run(True)
+    hook.remove()
+    assert passes == [(4, passes[0][1]), (10, 7)]  # the 4 distinct prompts, then the 10 completions (longest 7)
+    assert torch.equal(shared_mask, whole_mask) and whole_mask.sum() == sum(map(len, completions))
+    torch.testing.assert_close(shared, whole, atol=1e-5, rtol=1e-5)
+    assert whole_grads.keys() == shared_grads.keys()
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_under_activation_checkpointing_every_row_runs_its_whole_sequence(tokenizers):
+    """Checkpointing turns the KV cache off, so the shared prompt forward steps aside for the whole one."""
+    from mutualrl.models.policy import enable_activation_checkpointing
+
+    tok = tokenizers["bpe"]
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    model = build_model("llama", len(tok), SHAPE, ids, seed=4).train()
+    enable_activation_checkpointing(model)
+    passes = []
+    model.register_forward_pre_hook(lambda m, a, kw: passes.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    prompt = encode_prompt(tok, "1+2=", False)
+    logp, mask = sequence_logprobs(model, [prompt] * 3, [[5, 6], [7], [8, 9, 10]], pad_id=tok.pad_token_id,
+                                   share_prompts=True)
+    logp.sum().backward()
+    assert passes == [3] and mask.sum() == 6

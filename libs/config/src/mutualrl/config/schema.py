@@ -142,6 +142,10 @@ class AlgorithmConfig(_Strict):
     micro_batch_tokens: Optional[int] = Field(
         None, ge=16, description="Prompt + completion tokens per forward/backward pass (padding counted): rows are "
         "bucketed by length so a pass computes on few pad tokens. With micro_batch_rows, both bounds hold.")
+    share_prompt_forward: bool = Field(
+        True, description="Rows of one pass that share a prompt (a group) share its forward: the prompt runs once "
+        "with a KV cache and each row's completion runs on a copy of it (docs/algorithms.md §7.2). The same "
+        "log-probs and gradients to float rounding, for a fraction of the tokens; false: every row's whole sequence.")
     behaviour_correction: Literal["auto", "on", "off"] = Field(
         "auto", description="Correct for the sampler computing other numbers than the learner (bf16, another engine, "
         "pipelined sampling): the clip anchored at the learner's own log-probs, the sampler's weighting each token "

@@ -66,13 +66,15 @@ class LearnerForward:
     pad_id: int
     temperature: float = 1.0
     context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+    share_prompts: bool = False  # rows sharing a prompt share its forward (algorithm.share_prompt_forward)
 
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]],
                  model: torch.nn.Module | None = None) -> torch.Tensor:
         """[b, T] log-probs (fp32) of the completions, right-aligned; a graph when grad is enabled."""
         with self.context():
             logp, _ = sequence_logprobs(model if model is not None else self.model, prompts, completions,
-                                        pad_id=self.pad_id, temperature=self.temperature)
+                                        pad_id=self.pad_id, temperature=self.temperature,
+                                        share_prompts=self.share_prompts)
         return logp
 
     def logprobs_no_grad(self, prompts: list[list[int]], completions: list[list[int]], plan: list[list[int]],

@@ -64,7 +64,9 @@ class PolicyUpdate:
         # bf16-mixed: weight casts are cast again for the backward rather than held (§7.2) — not under FSDP2, which
         # gathers a block's weights again before its backward (the same values in a new version of the tensor)
         context = settings.precision.context if is_sharded(model) else settings.precision.learner_context
-        self.forward = LearnerForward(model, pad_id, settings.temperature, lambda: context(settings.device))
+        self.forward = LearnerForward(model, pad_id, settings.temperature, lambda: context(settings.device),
+                                      # FSDP2 gathers a block's weights once per forward: one forward per pass
+                                      share_prompts=settings.algorithm.share_prompt_forward and not is_sharded(model))
         self.correct_behaviour = settings.behaviour_correction
         freeze_input_embeddings(model, settings.optim.train_input_embeddings)
         self.opt = make_optimizer([q for q in model.parameters() if q.requires_grad], lr=settings.optim.lr,
