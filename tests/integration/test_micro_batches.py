@@ -46,19 +46,6 @@ def test_plan_keeps_every_row_once_within_both_bounds():
     assert plan_micro_batches([50, 2], max_tokens=20) == [[1], [0]]  # a row over the budget goes alone
 
 
-def test_under_a_shared_prompt_forward_a_groups_rows_share_passes():
-    """Sorted by prompt first: 3 groups of 4 rows in 4-row passes are 3 passes of one prompt each (by length alone
-    every pass would mix the groups, and each of its prompts would run once in it)."""
-    lengths = [9, 3, 17, 4, 4, 30, 8, 12, 5, 6, 7, 11]
-    prompt_of = [0, 1, 2] * 4
-    plan = plan_micro_batches(lengths, max_rows=4, prompt_of=prompt_of)
-    assert sorted(i for mb in plan for i in mb) == list(range(len(lengths)))
-    assert [{prompt_of[i] for i in mb} for mb in plan] == [{0}, {1}, {2}]
-    assert all([lengths[i] for i in mb] == sorted(lengths[i] for i in mb) for mb in plan)  # by length within one
-    by_length = plan_micro_batches(lengths, max_rows=4)
-    assert all(len({prompt_of[i] for i in mb}) > 1 for mb in by_length)
-
-
 def _learner(arts, ex, store, algorithm, sharing=None, model=None, **settings):
     intake = PeerIntake(arts.tokenizer, _FirstChar(), TokenizerRegistry(), ThlBudget())
     s = LearnerSettings(group_size=4, algorithm=algorithm, sharing=sharing or SharingConfig(mode="none"),

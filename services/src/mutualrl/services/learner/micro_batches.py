@@ -36,19 +36,15 @@ from mutualrl.models.generation import sequence_logprobs
 
 
 def plan_micro_batches(lengths: list[int], max_rows: int | None = None,
-                       max_tokens: int | None = None, prompt_of: list[int] | None = None) -> list[list[int]]:
+                       max_tokens: int | None = None) -> list[list[int]]:
     """Rows of a mini-batch (by index) grouped into forward/backward passes: sorted by length, each
     pass at most ``max_rows`` rows and at most ``max_tokens`` padded tokens (rows × its longest row);
-    a row longer than ``max_tokens`` goes alone. Without bounds: one pass of every row, in order.
-    ``prompt_of`` (each row's prompt, under a shared prompt forward): rows are sorted by prompt first, so the rows
-    of a group share passes and its prompt runs once a pass rather than once in each pass its rows are spread
-    over; a prompt's forward costs more than the completion padding that length bucketing across groups saves."""
+    a row longer than ``max_tokens`` goes alone. Without bounds: one pass of every row, in order."""
     if not lengths:
         return []
     if max_rows is None and max_tokens is None:
         return [list(range(len(lengths)))]
-    first = prompt_of if prompt_of is not None else [0] * len(lengths)
-    order = sorted(range(len(lengths)), key=lambda i: (first[i], lengths[i], i))
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     plan: list[list[int]] = [[]]
     for i in order:
         cur = plan[-1]

@@ -101,12 +101,8 @@ class PolicyUpdate:
     def plan(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[int]]:
         """A mini-batch's forward/backward passes (algorithm.micro_batch_rows / micro_batch_tokens, §7.2)."""
         a = self.s.algorithm
-        prompt_of = None
-        if self.forward.share_prompts:  # a group's rows together: its prompt's forward once a pass (§7.2)
-            distinct: dict[tuple[int, ...], int] = {}
-            prompt_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         return plan_micro_batches([len(p) + len(c) for p, c in zip(prompts, completions)], a.micro_batch_rows,
-                                  a.micro_batch_tokens, prompt_of)
+                                  a.micro_batch_tokens)
 
     def apply(self, inputs: StepInputs, stages: dict) -> UpdateResult:
         """The optimiser steps of one step, one per mini-batch, from inputs a single rank gathered:
