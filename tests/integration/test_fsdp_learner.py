@@ -79,7 +79,9 @@ def _train(rank: int, world: int, port: int, family: str, kind: str, rollouts: l
         ex = ExperienceExchange(InProcessBroker(), "mutualrl:fsdp")
         reg = TokenizerRegistry()
         reg.register(arts.fingerprint, arts.tokenizer)
-        settings = LearnerSettings(group_size=8, algorithm=AlgorithmConfig(minibatch_rows=32),
+        # a sharded learner runs every row's whole sequence (one forward a pass): the one-rank reference does too
+        algorithm = AlgorithmConfig(minibatch_rows=32, share_prompt_forward=False)
+        settings = LearnerSettings(group_size=8, algorithm=algorithm,
                                    sharing=SharingConfig(mode="none"),
                                    optim=OptimConfig(lr=1e-2), peer_deadline_s=2.0)
         learner = Learner("a", model, arts.tokenizer, ex, PeerIntake(arts.tokenizer, _EvenLength(), reg, ThlBudget()),
