@@ -36,6 +36,25 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple
     return ids, mask
 
 
+def _right_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long, device=device)
+            mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def _distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts, in order of first appearance, and each row's index among them (a GRPO group's rows
+    share one prompt: :func:`_prefill` and :func:`_shared_prompt_logprobs` run each distinct one once)."""
+    index: dict[tuple[int, ...], int] = {}
+    row_of = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return [list(p) for p in index], row_of
+
+
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     if top_k and top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -159,10 +178,9 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share: bool):
     The distinct prompts are left-padded to the same width as the whole batch would be (the longest prompt is
     among them), so every row gets what the whole batch's prefill would have given it. A cache that cannot copy
     rows (no ``batch_select_indices``) gets the whole batch's prefill instead."""
-    distinct: dict[tuple[int, ...], int] = {}
-    row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-    shared = share and len(distinct) < len(prompts)
-    ids, mask = _left_pad([list(p) for p in distinct] if shared else prompts, pad_id, device)
+    distinct, row_of = _distinct_prompts(prompts) if share else (prompts, [])
+    shared = len(distinct) < len(prompts)
+    ids, mask = _left_pad(distinct if shared else prompts, pad_id, device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     # the prefill needs the next-token logits of the last position only: at a 151k vocabulary the
     # LM head over every prompt position would cost more than the rest of the model
@@ -345,10 +363,12 @@ def sequence_logprobs(
     """
     if len(prompts) != len(completions):
         raise ValueError("prompts and completions differ in length")
-    if share_prompts and all(completions) and len({tuple(p) for p in prompts}) < len(prompts):
-        shared = _shared_prompt_logprobs(model, prompts, completions, pad_id, temperature)
-        if shared is not None:
-            return shared
+    if share_prompts and all(completions):
+        distinct, row_of = _distinct_prompts(prompts)
+        if len(distinct) < len(prompts):
+            shared = _shared_prompt_logprobs(model, distinct, row_of, completions, pad_id, temperature)
+            if shared is not None:
+                return shared
     device = next(model.parameters()).device
     seqs = [p + c for p, c in zip(prompts, completions)]
     T = max(len(c) for c in completions)
@@ -371,9 +391,11 @@ def sequence_logprobs(
     return logp * mask, mask
 
 
-def _shared_prompt_logprobs(model: PreTrainedModel, prompts: list[list[int]], completions: list[list[int]],
-                            pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """:func:`sequence_logprobs` with one forward pass per distinct prompt (docs/algorithms.md §7.2).
+def _shared_prompt_logprobs(model: PreTrainedModel, distinct: list[list[int]], row_of: list[int],
+                            completions: list[list[int]], pad_id: int,
+                            temperature: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`sequence_logprobs` with one forward pass per distinct prompt (docs/algorithms.md §7.2); row i's prompt
+    is ``distinct[row_of[i]]`` (:func:`_distinct_prompts`).
 
     A prompt's hidden states do not depend on what follows it (causal attention), so the G rows of a group need its
     forward once: the distinct prompts run with a KV cache (left-padded), the cache is copied to each row, and the
@@ -385,26 +407,22 @@ def _shared_prompt_logprobs(model: PreTrainedModel, prompts: list[list[int]], co
     if torch.is_grad_enabled() and _checkpointing(model):
         return None
     device = next(model.parameters()).device
-    distinct: dict[tuple[int, ...], int] = {}
-    row_of = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], device=device)
-    p_ids, p_mask = _left_pad([list(p) for p in distinct], pad_id, device)
+    rows = torch.tensor(row_of, device=device)
+    p_ids, p_mask = _left_pad(distinct, pad_id, device)
     p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
     past = out.past_key_values
     if not hasattr(past, "batch_select_indices"):
         return None
-    past.batch_select_indices(row_of)
-    T = max(len(c) for c in completions)
-    lengths = torch.tensor([len(c) for c in completions], device=device)
-    c_ids = torch.full((len(completions), T), pad_id, dtype=torch.long, device=device)
-    for i, c in enumerate(completions):
-        c_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long, device=device)
-    c_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()
-    c_pos = p_pos[row_of, -1:] + 1 + torch.arange(T, device=device)[None, :]
+    past.batch_select_indices(rows)
+    c_ids, c_mask = _right_pad(completions, pad_id, device)
+    T = c_ids.shape[1]
+    lengths = c_mask.sum(-1)
+    c_pos = p_pos[rows, -1:] + 1 + torch.arange(T, device=device)[None, :]
     # positions 0..T-2 of the completions predict tokens 1..T-1; token 0 comes from the prompt's last position
-    first = out.logits[:, -1:, :][row_of]  # [B, 1, V]
+    first = out.logits[:, -1:, :][rows]  # [B, 1, V]
     if T > 1:
-        rest = model(input_ids=c_ids, attention_mask=torch.cat([p_mask[row_of], c_mask], dim=-1), position_ids=c_pos,
+        rest = model(input_ids=c_ids, attention_mask=torch.cat([p_mask[rows], c_mask], dim=-1), position_ids=c_pos,
                      past_key_values=past, use_cache=False,
                      logits_to_keep=torch.arange(0, T - 1, device=device)).logits  # [B, T-1, V]
         logits = torch.cat([first, rest], dim=1)
@@ -423,6 +441,6 @@ def _shared_prompt_logprobs(model: PreTrainedModel, prompts: list[list[int]], co
 def _checkpointing(model: PreTrainedModel) -> bool:
     """Whether activation checkpointing is on: ``is_activation_checkpointing`` in recent transformers,
     ``is_gradient_checkpointing`` (deprecated there) before (the project allows ≥ 4.56)."""
-    on = getattr(type(model), "is_activation_checkpointing", None)
-    return bool(model.is_activation_checkpointing if on is not None else getattr(model, "is_gradient_checkpointing",
-                                                                                   False))
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
