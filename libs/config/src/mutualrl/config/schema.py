@@ -137,7 +137,8 @@ class AlgorithmConfig(_Strict):
     )
     micro_batch_rows: Optional[int] = Field(
         None, ge=1, description="Rows per forward/backward pass inside one update (gradient accumulation): the same "
-        "update in less activation memory, for one extra gradient-free forward pass (docs/algorithms.md §7.2). None: "
+        "update in less activation memory; one forward and backward per pass (a mode whose loss pools rows adds a "
+        "gradient-free forward, docs/algorithms.md §7.2). None: "
         "the whole mini-batch at once (unless micro_batch_tokens splits it).")
     micro_batch_tokens: Optional[int] = Field(
         None, ge=16, description="Prompt + completion tokens per forward/backward pass (padding counted): rows are "
