@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from mutualrl.app.compare import format_ci
+from mutualrl.app.compare_report import format_ci
 from mutualrl.runtime.compare_stats import pool
 
 

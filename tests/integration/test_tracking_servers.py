@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from mlflow_server import MlflowServer, mlflow_binary  # tests/mlflow_server.py
 
-from mutualrl.app.compare import CompareSpec, _nest_in_mlflow, tracking_links
+from mutualrl.app.compare import CompareSpec, _nest_in_mlflow
+from mutualrl.app.compare_analysis import tracking_links
 from mutualrl.app.embedded import Reporter, run_embedded
 from mutualrl.config import load_config
 from mutualrl.see.server import free_port

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutualrl.app.compare import CompareSpec, run_all, write_report
+from mutualrl.app.compare import CompareSpec, run_all
+from mutualrl.app.compare_report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -212,7 +213,7 @@ def test_a_run_whose_event_was_never_logged_still_counts_in_the_wall_time(tmp_pa
     given to the latest invocation that started before it."""
     import os
 
-    from mutualrl.app.compare import compute
+    from mutualrl.app.compare_analysis import compute
 
     spec = CompareSpec.load(_spec(tmp_path))
     out = tmp_path / "out"
@@ -227,7 +228,7 @@ def test_a_run_whose_event_was_never_logged_still_counts_in_the_wall_time(tmp_pa
 
 
 def test_the_summary_table_puts_policies_in_columns_with_paired_differences(tmp_path):
-    from mutualrl.app.compare import summary_table
+    from mutualrl.app.compare_report import summary_table
 
     spec = CompareSpec.load(_spec(tmp_path))
     run_all(spec, tmp_path / "out", _fake_run([]))
@@ -242,7 +243,7 @@ def test_the_summary_table_puts_policies_in_columns_with_paired_differences(tmp_
 def test_the_report_names_each_pairs_steps_when_the_spec_sets_none(tmp_path):
     """Without `steps:` in the spec every pair runs its own budget.steps: the report says how many
     each pair's runs recorded rather than printing 'None steps'."""
-    from mutualrl.app.compare import report_md
+    from mutualrl.app.compare_report import report_md
 
     (tmp_path / "spec.yaml").write_text(_spec(tmp_path).read_text().replace("steps: 2\n", ""))
     spec = CompareSpec.load(tmp_path / "spec.yaml")

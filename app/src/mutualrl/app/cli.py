@@ -275,8 +275,9 @@ def compare(
     """Run entries x pairs x seeds (resumable: finished runs are skipped), then write report.md,
     results.json and plots with 95 % confidence intervals and paired differences. One Ctrl-C stops
     every run in progress and keeps the finished ones."""
-    from mutualrl.app.compare import CompareInterrupted, CompareSpec, run_all, write_report
+    from mutualrl.app.compare import CompareInterrupted, CompareSpec, run_all
     from mutualrl.app.compare_progress import CompareProgress, run_reporting_to_file
+    from mutualrl.app.compare_report import write_report
 
     try:
         spec = CompareSpec.load(spec_file, quick=quick)

@@ -1,0 +1,311 @@
+"""A compare's ``results.json`` as a Markdown report (a table per pair with confidence intervals, efficiency, wall
+time, answer style, sharing per run and per edge, example hints) and as curves of held-out accuracy against rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mutualrl.app.compare import CompareSpec, run_dir
+from mutualrl.app.compare_analysis import analyse, eval_curves
+from mutualrl.runtime.compare_stats import ci95
+from mutualrl.runtime.outputs import read_metrics
+
+
+def format_ci(x: dict | None, pct: bool = True, signed: bool = False) -> str:
+    """A ``ci95`` summary as the report writes it: ``mean ± half-width`` in points (``pct``), "–" for none."""
+    if x is None:
+        return "–"
+    m, h = x["mean"], x["ci95"]
+    if pct:
+        mean = f"{m * 100:+.1f}" if signed else f"{m * 100:.1f}"
+        return mean if h is None else f"{mean} ± {h * 100:.1f}"
+    return f"{m:.2f}" if h is None else f"{m:.2f} ± {h:.2f}"
+
+
+def summary_table(results: dict, pair: str) -> str:
+    """One pair as a compact table — an entry per row, a policy per column, final held-out accuracy
+    (mean ± 95 % CI) and its paired difference against the baseline: what the README shows."""
+    entries = results["pairs"].get(pair, {})
+    policies = sorted({p for e in entries.values() for p in e})
+    rows = ["| entry | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
+    for entry, per in entries.items():
+        cells = []
+        for policy in policies:
+            r = per.get(policy)
+            if r is None:
+                cells.append("–")
+                continue
+            d = r["paired_vs_baseline"]
+            delta = f" ({format_ci(d, signed=True)})" if d else ""
+            cells.append(format_ci(r["final_accuracy"]) + delta + f", n={len(r['seeds'])}")
+        rows.append(f"| {entry} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _steps_text(results: dict) -> str:
+    """The RL steps per run: the compare's own budget, else what each pair's runs recorded."""
+    if results.get("steps"):
+        return f"{results['steps']} RL steps"
+    by_pair = {p: "/".join(map(str, v)) for p, v in (results.get("steps_by_pair") or {}).items() if v}
+    if not by_pair:
+        return "RL steps from each pair's config"
+    return "RL steps per pair: " + ", ".join(f"{p} {v}" for p, v in by_pair.items())
+
+
+def report_md(results: dict) -> str:
+    """The compare's report as Markdown: one table per pair, every entry and policy with its confidence intervals."""
+    lines = [f"# {results['name']}", "",
+             f"Seeds {results['seeds']}, {_steps_text(results)}; baseline `{results['baseline']}`. "
+             "Accuracy is held-out greedy accuracy (points); ± is a 95 % confidence interval over seeds (Student's t). "
+             "Rollouts-to-target: rollouts an entry needs to reach the baseline's final accuracy, over the baseline's "
+             "(never reaching it counts as twice the budget). Paired: entry − baseline on the same seeds.", ""]
+    c = results.get("compute")
+    if c:
+        lines += [f"Compute: {c['runs']} of {c['of']} runs, {c['run_seconds'] / 3600:.2f} h of run time; the compare "
+                  f"took {c['wall_seconds'] / 3600:.2f} h of wall time over {c['invocations']} invocation(s) with "
+                  f"--jobs {'/'.join(map(str, c['jobs'])) or '–'}.", ""]
+    for pair, entries in results["pairs"].items():
+        policies = sorted({p for e in entries.values() for p in e})
+        lines += [f"## {pair}", "",
+                  "| entry | policy | final accuracy | gain | AUC | rollouts to target (×) | paired vs baseline |",
+                  "|---|---|---|---|---|---|---|"]
+        for entry, per in entries.items():
+            for policy in policies:
+                r = per.get(policy)
+                if r is None:
+                    continue
+                lines.append(f"| {entry} | {policy} | {format_ci(r['final_accuracy'])} | "
+                             f"{format_ci(r['gain'], signed=True)} | "
+                             f"{format_ci(r['auc'])} | {format_ci(r['rollouts_to_target_ratio'], pct=False)} | "
+                             f"{format_ci(r['paired_vs_baseline'], signed=True)} |")
+        mixed = (results.get("mixed_precision_by_pair") or {}).get(pair) or {}
+        if mixed:
+            lines += ["**Warning: these runs did not all train in the same precision** (`model.dtype: auto` resolves "
+                      "by the machine's CPU); a difference between entries may be the precision's: " + "; ".join(
+                          f"{p}: " + ", ".join(f"{prec} ({', '.join(runs)})" for prec, runs in v.items())
+                          for p, v in mixed.items()) + ".", ""]
+        lines += ["", *_efficiency_lines(results, entries), *_wall_lines(results, pair),
+                  *_detail_lines(entries, policies), *_edge_lines((results.get("edges_by_pair") or {}).get(pair)),
+                  *_example_lines(entries, policies)]
+    links = results.get("tracking") or {}
+    if links:
+        lines += ["## In a tracker", ""]
+        if "tensorboard" in links:
+            lines.append(f"- TensorBoard, every run side by side (filter runs by `<entry>/<pair>/seed<n>`): "
+                         f"`{links['tensorboard']}`")
+        if "mlflow_url" in links or "mlflow_run_id" in links:
+            lines.append(f"- MLflow: the compare's run {links.get('mlflow_url') or links['mlflow_run_id']}, each run a "
+                         "child tagged entry, pair and seed")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _efficiency_lines(results: dict, entries: dict) -> list[str]:
+    """The efficiency claim for the policy the spec named: rollouts to the baseline's mean final accuracy, each entry
+    against the baseline itself (both with their intervals), and the ratio of their means."""
+    policy, baseline = results.get("efficiency_policy"), results["baseline"]
+    base = (entries.get(baseline) or {}).get(policy, {}).get("rollouts_to_baseline_mean")
+    if not policy or not base:
+        return []
+
+    def needs(x: dict) -> str:
+        r = x["rollouts"]
+        spread = "" if r["ci95"] is None else f" ± {r['ci95']:.0f}"
+        return f"{r['mean']:.0f}{spread} rollouts (reached in {x['reached']} of {x['runs']} runs)"
+
+    rows = []
+    for entry, per in entries.items():
+        x = (per.get(policy) or {}).get("rollouts_to_baseline_mean")
+        if entry == baseline or not x:
+            continue
+        b = base["rollouts"]["mean"]
+        ratio = f"{x['rollouts']['mean'] / b:.2f}×" if b > 0 else "– (the baseline starts at its target)"
+        rows.append(f"| {entry} | {needs(x)} | {needs(base)} | {ratio} |")
+    if not rows:  # only the baseline has finished runs yet
+        return []
+    return [f"Efficiency, `{policy}` (named in the spec before the runs): rollouts to reach `{baseline}`'s mean "
+            f"final accuracy ({base['target'] * 100:.1f} %); a run that never reaches it counts as twice its budget.",
+            "", "| entry | rollouts to target | baseline's | ratio of means |", "|---|---|---|---|", *rows, ""]
+
+
+def _shared(c: dict | None) -> bool:
+    """Whether a run's sharing counts show any rescue at all (SGT's or SGT-R's)."""
+    return bool(c and (c.get("rescue_samples") or c.get("rescue_count")))
+
+
+def _rescue_weight_text(c: dict) -> str:
+    """SGT-R's rescued tokens' mean weight, the shares at its floor and cap, and the gate's Δ, where recorded."""
+    text = ""
+    if c.get("hint_weight_mean") is not None:
+        floor, cap = c.get("hint_floored_frac", 0.0), c.get("hint_capped_frac", 0.0)
+        text = (f"; rescued tokens' weight {c['hint_weight_mean']:.2f} (at the floor {floor * 100:.0f} %, at the cap "
+                f"{cap * 100:.0f} %)")
+    if c.get("hint_delta_mean") is not None:
+        text += f"; gate Δ {c['hint_delta_mean']:+.1f} nats"
+    return text
+
+
+def _sharing_text(c: dict | None) -> str:
+    """One entry's sharing per run: SGT-R's hints, rescue samples and trained rescues (< 1 trained a step is "not
+    exercised"), or SGT's rescues."""
+    if not _shared(c):
+        return "–"
+    if c.get("rescue_samples"):
+        note = "" if c["trained_per_step"] >= 1 else " — **not exercised** (< 1 trained rescue a step)"
+        return (f"hints {c['hints_offered']:.0f} (gated out {c['hints_gated_out']:.0f}, masked "
+                f"{c['hints_masked']:.0f}, refused {c['hints_refused']:.0f}); samples {c['rescue_samples']:.0f}, "
+                f"rescued {c['rescued']:.0f}, trained {c['rescue_trained']:.0f} ({c['trained_per_step']:.1f} a "
+                f"step){_rescue_weight_text(c)}{note}")
+    return f"SGT rescues {c['rescue_count']:.0f}"
+
+
+def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
+    """Per entry and policy: the per-problem paired difference, answer style at the start and at the end, and how
+    much sharing the runs did (an entry whose receiver trained < 1 rescue a step is "not exercised")."""
+    rows = [(e, p, per[p]) for e, per in entries.items() for p in policies if p in per]
+    if not any(r.get("style") or r.get("per_problem_vs_baseline") or _shared(r.get("sharing")) for _, _, r in rows):
+        return []
+
+    def style(st: dict | None) -> str:
+        if not st or st.get("chars") is None:
+            return "–"
+        text = f"{st['chars']:.0f} ch, {st['in_form'] * 100:.0f} % in form, {st['shows_work'] * 100:.0f} % work"
+        if st.get("sampled_entropy") is not None:
+            text += f", sampled entropy {st['sampled_entropy']:.2f} nats/token"
+        return text
+
+    def problems(x: dict | None) -> str:
+        if x is None:
+            return "–"
+        if x.get("per_seed_sets"):  # each seed its own held-out set: (seed, problem) pairs are the units
+            return f"{format_ci(x, signed=True)} ({x['problems']} seed-problem pairs over {x['seeds']} seeds)"
+        return f"{format_ci(x, signed=True)} ({x['problems']} problems × {x['seeds']} seeds)"
+
+    out = ["Answers at the start and at the end: the first and the last held-out evaluation's greedy answers (mean "
+           "length, share in the task's form, share that show work), and where the records have it the sampling "
+           "entropy of the first and the last step's own rollouts (mean −log π of their tokens).", "",
+           "| entry | policy | per-problem paired vs baseline | answers at the start | answers at the end | "
+           "sharing per run (mean) |", "|---|---|---|---|---|---|"]
+    for e, p, r in rows:
+        st = r.get("style") or {}
+        out.append(f"| {e} | {p} | {problems(r.get('per_problem_vs_baseline'))} | {style(st.get('start'))} | "
+                   f"{style(st.get('final'))} | {_sharing_text(r.get('sharing'))} |")
+    return [*out, ""]
+
+
+EDGE_COLUMNS = ("offered", "used", "stale", "thl_rejected", "rescues", "hints_offered", "hints_masked",
+                "hints_refused", "rescue_samples", "rescued", "rescue_trained")
+"""The per-edge counts the report shows (the sharing dashboard's, summed over a run)."""
+
+
+def _edge_lines(edges: dict | None) -> list[str]:
+    """Per entry and sharing edge, what flowed on it in a run (mean over the entry's runs): the graph's evidence
+    that every edge carried something, or which did not."""
+    if not edges:
+        return []
+    out = ["Sharing per edge (sums over a run, mean over the entry's runs; recorded where the experiment names its "
+           "edges):", "", "| entry | edge | " + " | ".join(c.replace("_", " ") for c in EDGE_COLUMNS) + " |",
+           "|---|---|" + "---|" * len(EDGE_COLUMNS)]
+    for entry, per in edges.items():
+        for edge, c in per.items():
+            out.append(f"| {entry} | {edge} | " + " | ".join(f"{c[k]:.0f}" if k in c else "–" for k in EDGE_COLUMNS)
+                       + " |")
+    return [*out, ""]
+
+
+def _cell(text: str | None, limit: int = 160) -> str:
+    """A text as one Markdown table cell: newlines shown as ⏎, pipes escaped, cut to ``limit`` characters."""
+    if text is None:
+        return "–"
+    t = text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", " ⏎ ").strip()
+    return (t[:limit] + " …") if len(t) > limit else (t or "(empty)")
+
+
+def _example_lines(entries: dict, policies: list[str]) -> list[str]:
+    """Per entry and receiving policy, the hints its peers' successes became and the rescue sample the receiver
+    wrote from each (verified ones first): the report's evidence of what a rescue looked like, not only its count."""
+    out: list[str] = []
+    for e, per in entries.items():
+        for p in policies:
+            exs = (per.get(p) or {}).get("hint_examples") or []
+            if not exs:
+                continue
+            if not out:
+                out += ["### Example hints and rescue samples", "",
+                        "The first seed's, up to five per edge, verified rescue samples first. A hint of – is a plain "
+                        "resample (no hint text); Δ is the information gate's log-probability gain (– when not "
+                        "measured).", ""]
+            out += [f"**{e}, {p}**", "", "| step | from | hint | Δ | rescue sample | verified |",
+                    "|---|---|---|---|---|---|"]
+            for x in exs:
+                delta = "–" if x.get("delta") is None else f"{float(x['delta']):+.2f}"
+                out.append(f"| {x.get('step', '–')} | {x.get('source')} | {_cell(x.get('hint'))} | {delta} | "
+                           f"{_cell(x.get('sample'))} | {'yes' if float(x.get('reward') or 0) > 0 else 'no'} |")
+            out.append("")
+    return out
+
+
+def _wall_lines(results: dict, pair: str) -> list[str]:
+    """The wall time of one run of each entry (mean ± 95 % CI over seeds): the RL part and the whole run."""
+    walls = (results.get("wall_by_pair") or {}).get(pair)
+    if not walls:
+        return []
+    def sec(x: dict) -> str:
+        return f"{x['mean']:.0f}" + (f" ± {x['ci95']:.0f}" if x["ci95"] is not None else "")
+
+    cells = [f"{e} {sec(w['rl_s'])} s ({sec(w['run_s'])} s with warm start and evaluation)" for e, w in walls.items()]
+    return ["Wall time of one run's RL: " + "; ".join(cells) + ".", ""]
+
+
+def plot_curves(spec: CompareSpec, out: Path, results: dict) -> list[Path]:
+    """Held-out accuracy against rollouts per policy, mean over seeds with a 95 % band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for pair in spec.pairs:
+        policies = sorted({p for e in results["pairs"].get(pair, {}).values() for p in e})
+        if not policies:
+            continue
+        fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4), squeeze=False)
+        for ax, policy in zip(axes[0], policies):
+            for entry in spec.entries:
+                curves = []
+                for seed in spec.seeds:
+                    d = run_dir(out, entry, pair, seed)
+                    if (d / "summary.json").is_file():
+                        c = eval_curves(read_metrics(d / "metrics.jsonl")).get(policy)
+                        if c:
+                            curves.append(sorted(c))
+                if not curves:
+                    continue
+                n = min(len(c) for c in curves)
+                xs = [curves[0][i][0] for i in range(n)]
+                stats = [ci95([c[i][1] for c in curves]) for i in range(n)]
+                ys = [s["mean"] for s in stats]
+                hw = [s["ci95"] or 0.0 for s in stats]
+                ax.plot(xs, ys, label=entry)
+                ax.fill_between(xs, [y - h for y, h in zip(ys, hw)], [y + h for y, h in zip(ys, hw)], alpha=0.15)
+            ax.set_title(f"{pair}: {policy}")
+            ax.set_xlabel("rollouts")
+            ax.set_ylabel("held-out accuracy")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"curves-{pair}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(spec: CompareSpec, out: Path) -> dict:
+    """Analyse the finished runs and write ``results.json``, ``report.md`` and the curves; return the results."""
+    results = analyse(spec, out)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "report.md").write_text(report_md(results))
+    plot_curves(spec, out, results)
+    return results
