@@ -443,8 +443,8 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
     assert c["hint_weight_mean"] == pytest.approx((0.7 + 1.0) / 2)  # seed 2 trained no weighted token: not a 0
     assert c["hint_floored_frac"] == pytest.approx(0.1) and c["hint_delta_mean"] == pytest.approx(2.0)
     md = (tmp_path / "out" / "report.md").read_text()
-    assert ("hints 8 (gated out 0, masked 8, refused 0); samples 32, rescued 4, trained 8 (2.0 a step); rescued "
-            "tokens' weight 0.85 (at the floor 10 %, at the cap 0 %); gate Δ +2.0 nats |") in md
+    assert ("hints 8 (gated out 0, masked 8, refused 0); samples 32, rescued 4, trained 8 (2.0 a step); rescue "
+            "samples' token weight 0.85 (at the floor 10 %, at the cap 0 %); gate Δ +2.0 nats |") in md
     style = res["pairs"]["demo"]["sgt"][receiver]["style"]  # the sampling entropy of step 1 and of the last step
     assert style["start"]["sampled_entropy"] == pytest.approx(0.8)
     assert style["final"]["sampled_entropy"] == pytest.approx(0.2)

@@ -40,8 +40,8 @@ SHARING_COUNTS = ("rescue_count", "hints_offered", "hints_gated_out", "hints_mas
 
 
 RESCUE_MEANS = ("hint_weight_mean", "hint_floored_frac", "hint_capped_frac", "hint_delta_mean")
-"""SGT-R's per-step means (a rescued token's weight toward the hint-free policy, the shares of tokens at its floor and
-its cap, the information gate's Δ) that a run's figure averages over the steps that had any: why a receiver did or
+"""SGT-R's per-step means (a rescue sample token's weight toward the hint-free policy, the shares of tokens at its floor
+and its cap, the information gate's Δ) that a run's figure averages over the steps that had any: why a receiver did or
 did not learn from its rescues."""
 
 

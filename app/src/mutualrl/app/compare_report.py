@@ -136,12 +136,13 @@ def _shared(c: dict | None) -> bool:
 
 
 def _rescue_weight_text(c: dict) -> str:
-    """SGT-R's rescued tokens' mean weight, the shares at its floor and cap, and the gate's Δ, where recorded."""
+    """SGT-R's mean weight of rescue samples' tokens toward the hint-free policy (over every rescue sample: a row that
+    verifies nothing has no advantage, whatever its weight), the shares at its floor and cap, and the gate's Δ."""
     text = ""
     if c.get("hint_weight_mean") is not None:
         floor, cap = c.get("hint_floored_frac", 0.0), c.get("hint_capped_frac", 0.0)
-        text = (f"; rescued tokens' weight {c['hint_weight_mean']:.2f} (at the floor {floor * 100:.0f} %, at the cap "
-                f"{cap * 100:.0f} %)")
+        text = (f"; rescue samples' token weight {c['hint_weight_mean']:.2f} (at the floor {floor * 100:.0f} %, at "
+                f"the cap {cap * 100:.0f} %)")
     if c.get("hint_delta_mean") is not None:
         text += f"; gate Δ {c['hint_delta_mean']:+.1f} nats"
     return text
