@@ -171,6 +171,27 @@ def test_an_all_fail_group_a_peer_solved_gets_k_samples_on_the_hinted_prompt_and
     assert ((after * mask).sum(-1) > before).all(), ((after * mask).sum(-1), before)
 
 
+def test_a_wider_gate_also_rescues_groups_with_a_few_own_successes_fewest_first(arithmetic_task):
+    """``gate_tau`` (§3.5): a prompt is rescued when its own successes are at most tau·G, the fewest first, at most
+    ``max_prompts``; a prompt no peer solved, or one the receiver did not sample this step, is not."""
+    from mutualrl.grpo import RescueItem
+
+    problems = {p.prompt_id: p for p in arithmetic_task.train[:5]}
+    ids = list(problems)
+    peer = [RescueItem(pid, [1], [2], "b", f"m{i}", "12+34=46") for i, pid in enumerate(ids[:4])]
+    own = {ids[0]: 3, ids[1]: 2, ids[2]: 0, ids[3]: 1, ids[4]: 0}  # ids[4]: no peer success
+
+    def chosen(tau, max_prompts=4):
+        rescue = HintedRescue("a", SgtRConfig(gate_tau=tau, max_prompts=max_prompts), None, None, None, "last_number",
+                              None, None, group_size=8)
+        return [pid for pid, _ in rescue._chosen(own, peer, problems)]
+
+    assert chosen(0.0) == [ids[2]]  # all-fail groups only
+    assert chosen(0.25) == [ids[2], ids[3], ids[1]]  # at most 2 of 8, fewest first; 3 of 8 stays out
+    assert chosen(0.25, max_prompts=2) == [ids[2], ids[3]]
+    assert chosen(1.0) == [ids[2], ids[3], ids[1], ids[0]]
+
+
 def test_the_gate_sends_a_hint_that_does_not_help_to_plain_samples_and_bare_answers_keep_only_their_form(
         arithmetic_task, corpus):
     cfg = SgtRConfig(samples=2, max_prompts=2, min_gain=1e9, show="all")  # no hint can pass this gate
