@@ -25,25 +25,17 @@ class Sample:
     finish_reason: str  # "stop" (EOS) or "length"
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _pad(seqs: list[list[int]], pad_id: int, device: torch.device, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [B, width] and their attention mask, each sequence against the right edge (``left`` padding: a
+    prompt, whose next token follows its last) or the left one (a completion continuing a cached prompt)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long, device=device)
-            mask[i, width - len(s) :] = 1
-    return ids, mask
-
-
-def _right_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long, device=device)
-            mask[i, : len(s)] = 1
+            span = slice(width - len(s), width) if left else slice(0, len(s))
+            ids[i, span] = torch.tensor(s, dtype=torch.long, device=device)
+            mask[i, span] = 1
     return ids, mask
 
 
@@ -180,7 +172,7 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share: bool):
     rows (no ``batch_select_indices``) gets the whole batch's prefill instead."""
     distinct, row_of = _distinct_prompts(prompts) if share else (prompts, [])
     shared = len(distinct) < len(prompts)
-    ids, mask = _left_pad(distinct if shared else prompts, pad_id, device)
+    ids, mask = _pad(distinct if shared else prompts, pad_id, device, left=True)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     # the prefill needs the next-token logits of the last position only: at a 151k vocabulary the
     # LM head over every prompt position would cost more than the rest of the model
@@ -372,7 +364,7 @@ def sequence_logprobs(
     device = next(model.parameters()).device
     seqs = [p + c for p, c in zip(prompts, completions)]
     T = max(len(c) for c in completions)
-    ids, attn = _left_pad(seqs, pad_id, device)
+    ids, attn = _pad(seqs, pad_id, device, left=True)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     # logits at position j predict token j+1: positions L-T-1 .. L-2 cover every completion token,
     # so the LM head runs on those alone (most of the cost at a production vocabulary), and the
@@ -408,14 +400,14 @@ def _shared_prompt_logprobs(model: PreTrainedModel, distinct: list[list[int]], r
         return None
     device = next(model.parameters()).device
     rows = torch.tensor(row_of, device=device)
-    p_ids, p_mask = _left_pad(distinct, pad_id, device)
+    p_ids, p_mask = _pad(distinct, pad_id, device, left=True)
     p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
     past = out.past_key_values
     if not hasattr(past, "batch_select_indices"):
         return None
     past.batch_select_indices(rows)
-    c_ids, c_mask = _right_pad(completions, pad_id, device)
+    c_ids, c_mask = _pad(completions, pad_id, device, left=False)
     T = c_ids.shape[1]
     lengths = c_mask.sum(-1)
     c_pos = p_pos[rows, -1:] + 1 + torch.arange(T, device=device)[None, :]
