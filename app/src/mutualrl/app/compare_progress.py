@@ -39,6 +39,11 @@ class FileReporter(Reporter):
         self._write(text)
 
     @override
+    def warn(self, text: str) -> None:
+        self._write(text)  # beside the phases it concerns, and on stderr (the compare's own log)
+        super().warn(text)
+
+    @override
     def step(self, step: int, total: int, records: list[StepRecord], last_eval: dict[str, float]) -> None:
         self._write(f"step {step}/{total}")
 

@@ -126,7 +126,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
     the resume point instead of being measured again."""
     registry = TokenizerRegistry()
     runtimes: list[PolicyRuntime] = []
-    prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase) for i in range(len(cfg.policies))]
+    prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase, rep.warn) for i in range(len(cfg.policies))]
     for pp in prepared:
         registry.register(pp.arts.fingerprint, pp.arts.tokenizer)
     for pp in prepared:

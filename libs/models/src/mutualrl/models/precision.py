@@ -35,6 +35,7 @@ class Precision:
     weights: torch.dtype
     autocast: torch.dtype | None
     why: str = ""  # how ``auto`` decided, for the run's log
+    warning: str = ""  # set when the chosen precision is slow on this device (bf16 set on a CPU that emulates it)
 
     @property
     def exact(self) -> bool:
@@ -96,6 +97,19 @@ def resolve_precision(setting: str, *, pretrained: bool, device: str, cpuinfo: s
             setting, why = ("bf16-mixed" if fast else "float32"), f"auto: {reason}"
     if setting == "float32":
         return Precision("float32", torch.float32, None, why)
+    warning = _slow_bf16_warning(setting, device, cpuinfo) if why == "set" else ""
     if setting == "bf16-mixed":
-        return Precision("bf16-mixed", torch.float32, torch.bfloat16, why)
-    return Precision(setting, getattr(torch, setting), None, why)
+        return Precision("bf16-mixed", torch.float32, torch.bfloat16, why, warning)
+    return Precision(setting, getattr(torch, setting), None, why, warning)
+
+
+def _slow_bf16_warning(setting: str, device: str, cpuinfo: str | None) -> str:
+    """Why a bf16 precision set in the config will crawl here, or "": a CPU without AVX-512 BF16 or AMX
+    emulates bf16 matmuls (~100x slower than fp32), which a run otherwise only shows as very long steps."""
+    if setting not in ("bf16-mixed", "bfloat16"):
+        return ""
+    fast, reason = device_has_fast_bf16(device, cpuinfo)
+    if fast or not device.startswith("cpu"):
+        return ""
+    return (f"model.dtype {setting} on a {reason}: expect steps many times slower than float32 "
+            f"(model.dtype float32, or auto, which picks float32 here)")

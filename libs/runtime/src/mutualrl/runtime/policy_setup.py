@@ -98,13 +98,17 @@ class PreparedPolicy:
 
 
 def prepare_policy(cfg: ExperimentConfig, index: int, task: Task, verifier: Verifier, cache: Path,
-                   phase: Callable[[str], None] = lambda s: None) -> PreparedPolicy:
+                   phase: Callable[[str], None] = lambda s: None,
+                   warn: Callable[[str], None] | None = None) -> PreparedPolicy:
     """Load (or build) the policy and warm-start it; both are cached by content hash, so a
-    second process preparing the same policy loads instead of recomputing."""
+    second process preparing the same policy loads instead of recomputing. ``warn`` (default: ``phase``)
+    gets what the user should know before a long run, such as a precision this device only emulates."""
     p = cfg.policies[index]
     start_seed = p.start_seed(cfg.start_seed, index)  # initial weights and warm start alike
     precision = resolve_precision(p.model.dtype, pretrained=bool(p.model.path), device=p.engine.device)
     phase(f"[{p.name}] loading model ({precision.name}: {precision.why})")
+    if precision.warning:
+        (warn or phase)(f"[{p.name}] WARNING: {precision.warning}")
     with input_errors(f"policy {p.name!r}"):
         arts = load_policy(
             path=model_path(p, cache, phase), family=p.model.family, dtype=precision.weights,

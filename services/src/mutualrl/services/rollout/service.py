@@ -98,7 +98,7 @@ class RolloutService:
         server, the ops endpoints, the weights follower and the rescue responder running."""
         ctx, args, log = self.ctx, self.args, self.log
         cfg, p = ctx.cfg, ctx.policy_cfg
-        pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, lambda s: log.info(s))
+        pp = prepare_policy(cfg, ctx.index, ctx.task, ctx.verifier, ctx.cache, log.info, log.warning)
         collective = cfg.weights.transport == "collective"
         if collective:
             log.info("joining the learner's weight group",
