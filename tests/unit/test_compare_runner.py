@@ -227,6 +227,27 @@ def test_a_run_whose_event_was_never_logged_still_counts_in_the_wall_time(tmp_pa
     assert c["invocations"] == 2 and c["wall_seconds"] == pytest.approx((1300 - 1000) + (5100 - 5000))
 
 
+def test_logged_runs_copied_later_add_nothing_to_the_wall_time(tmp_path):
+    """Committed records are copies: their summary.json times are the copy's, days after the runs. A run the
+    log names counts by its logged time only, so the copy does not stretch the last invocation."""
+    import os
+
+    from mutualrl.app.compare_analysis import compute
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    out = tmp_path / "out"
+    run_all(spec, out, _fake_run([]))
+    labels = [f"{e} / {p} / seed {s}" for e, p, s in spec.runs()]
+    lines = ['{"session": 1000.0, "t": 1000.0, "event": "start", "jobs": 1}']
+    lines += [f'{{"session": 1000.0, "t": {1100.0 + 100 * i}, "event": "run", "run": "{label}"}}'
+              for i, label in enumerate(labels)]
+    (out / "sessions.jsonl").write_text("\n".join(lines) + "\n")
+    for e, p, s in spec.runs():
+        os.utime(out / "runs" / e / p / f"seed{s}" / "summary.json", (0, 1000.0 + 86400 * 3))  # copied 3 days on
+    c = compute(spec, out)
+    assert c["invocations"] == 1 and c["wall_seconds"] == pytest.approx(100.0 * len(labels))
+
+
 def test_the_summary_table_puts_policies_in_columns_with_paired_differences(tmp_path):
     from mutualrl.app.compare_report import summary_table
 

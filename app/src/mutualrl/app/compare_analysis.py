@@ -305,13 +305,15 @@ def tracking_links(out: Path) -> dict:
 
 def compute(spec: CompareSpec, out: Path) -> dict:
     """What the finished runs cost: their count, the sum of their wall times, and the wall time of
-    the compare itself: each invocation from its start to the last run it finished (its logged
-    events, and the summary.json times of runs finished after it started and before the next one
-    did, so a run whose event was never written still counts)."""
-    finished = [run_dir(out, e, p, s) / "summary.json" for e, p, s in spec.runs()]
-    finished = [f for f in finished if f.is_file()]
-    runs = [json.loads(f.read_text()) for f in finished]
+    the compare itself: each invocation from its start to the last run it finished. That is its
+    logged events; a finished run whose event was never written (killed between its summary.json and
+    the log line) counts by its summary.json's time, in the last invocation that started before it. A
+    logged run's file time is not used: where runs were copied (committed records), it is the copy's."""
+    labelled = [(f"{e} / {p} / seed {s}", run_dir(out, e, p, s) / "summary.json") for e, p, s in spec.runs()]
+    labelled = [(label, f) for label, f in labelled if f.is_file()]
+    runs = [json.loads(f.read_text()) for _, f in labelled]
     sessions: dict[float, list[float]] = {}
+    logged: set[str] = set()
     jobs: set[int] = set()
     log = out / SESSIONS
     for line in log.read_text().splitlines() if log.is_file() else []:
@@ -320,13 +322,15 @@ def compute(spec: CompareSpec, out: Path) -> dict:
             sessions.setdefault(float(rec["session"]), [float(rec["session"])]).append(float(rec["t"]))
             if rec.get("event") == "start":
                 jobs.add(int(rec.get("jobs", 1)))
+            elif rec.get("event") == "run":
+                logged.add(str(rec.get("run")))
         except (ValueError, KeyError, TypeError):
             continue  # a line cut by a kill mid-write
     starts = sorted(sessions)
-    for f in finished:
+    for label, f in labelled:
         t = f.stat().st_mtime
         owner = [s for s in starts if s <= t]
-        if owner:
+        if owner and label not in logged:
             sessions[owner[-1]].append(t)
     return {
         "runs": len(runs), "of": len(spec.runs()),
