@@ -22,7 +22,8 @@ CASES = {
     "xgrpo": [],
     "xgrpo-calibrated": ["sharing.xgrpo.variant=calibrated"],
     "xgrpo-leave-self-out": ["sharing.xgrpo.variant=leave_self_out"],
-    "sgt": [],
+    "sgt": [],  # the demo's: the unguarded NLL, shortest success first
+    "sgt-chord": ["sharing.sgt.guard=chord", "sharing.sgt.select=any"],  # the style-guarded NLL, SGT's default
     "sgt-group-insert": ["sharing.sgt.variant=group_insert"],
     "hacpo": ["algorithm.minibatch_rows=64", "algorithm.kl_coef=0.001"],
     "none-gspo": ["algorithm.loss=gspo", "algorithm.loss_agg=seq-mean-token-mean"],
@@ -37,7 +38,7 @@ def test_mode_trains_five_steps(case, tmp_path):
     args = ["run", str(ROOT / "examples" / "demo.yaml"), "--out", str(tmp_path / case)]
     for s in sets:
         args += ["--set", s]
-    # in-process (the same CLI entry point), so the eleven runs share one torch/transformers import
+    # in-process (the same CLI entry point), so the twelve runs share one torch/transformers import
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, (result.output[-3000:], result.exception)
     records = [json.loads(l) for l in (tmp_path / case / "metrics.jsonl").read_text().splitlines()]

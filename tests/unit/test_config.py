@@ -22,6 +22,20 @@ def test_demo_config_validates():
     assert cfg.sharing.sgt.weight == pytest.approx(0.1)
 
 
+def test_sgt_is_style_guarded_by_default_and_files_with_unguarded_records_pin_the_plain_nll():
+    """docs/algorithms.md §3.3: the default is the variant that did not collapse a real receiver beside a bare-answer
+    peer; the demo and the toy-peer pair keep the unguarded NLL their recorded figures were measured with."""
+    from mutualrl.config.sharing import SgtConfig
+
+    assert (SgtConfig().guard, SgtConfig().select) == ("chord", "any")
+    for path in (DEMO, ROOT / "examples" / "real" / "pair.yaml"):
+        sgt = load_config(path).sharing.sgt
+        assert (sgt.guard, sgt.select) == ("none", "shortest"), path
+    guarded = load_config(ROOT / "examples" / "real" / "pair.yaml",
+                          ["sharing.sgt.guard=chord", "sharing.sgt.select=any"]).sharing.sgt
+    assert (guarded.guard, guarded.select) == ("chord", "any")
+
+
 def test_overrides_by_path_index_and_policy_name():
     cfg = load_config(DEMO,
                       ["budget.steps=2", "policies.0.optim.lr=3e-4", "policies.qwen-bpe.engine.temperature=0.7",

@@ -19,19 +19,20 @@ class SgtConfig(_Strict):
     weight: float = Field(0.1, ge=0, description="λ_SGT, weight of the rescue NLL term (nll variant).")
     gate_tau: float = Field(0.0, ge=0, le=1, description="Open the gate when own successes <= τ·G (τ=0: only all-fail "
                             "groups).")
-    max_per_prompt: int = Field(1, ge=1, description="K_r, rescued successes kept per prompt (shortest first).")
+    max_per_prompt: int = Field(1, ge=1, description="K_r, rescued successes kept per prompt (see select).")
     bank_prompts: int = Field(0, ge=0, description="Prompts kept in the learner's bank of peers' verified successes "
                               "for prompts it is not training now, released when the prompt comes up again (0: no "
                               "bank). Meant for async.peers bounded, where a peer's successes arrive at other steps.")
     bank_max_age: int = Field(32, ge=0, description="Steps a banked success stays usable.")
     guard: Literal["none", "chord", "luffy"] = Field(
-        "none", description="A per-token style guard on the NLL (nll variant, docs/algorithms.md §3.3): chord weighs "
+        "chord", description="A per-token style guard on the NLL (nll variant, docs/algorithms.md §3.3): chord weighs "
         "each rescued token by p(1-p) of the receiver's own probability, luffy by p/(p+gamma); a token the receiver "
-        "finds very unlikely (a foreign answer form) then weighs ~0. none: today's plain NLL.")
+        "finds very unlikely (a foreign answer form) then weighs ~0. none: the plain NLL, which copied a bare-answer "
+        "peer's form into SmolLM2 (docs/results/real/report.md); chord, the default, did not.")
     luffy_gamma: float = Field(0.1, gt=0, description="gamma of the luffy guard's p/(p+gamma).")
     select: Literal["shortest", "any"] = Field(
-        "shortest", description="Which K_r successes of a prompt are kept: the shortest, or any (message order: no "
-        "preference for bare answers).")
+        "any", description="Which K_r successes of a prompt are kept: any (message order, the default: no preference "
+        "for bare answers), or the shortest (the first SGT's choice).")
 
 
 class SgtRConfig(_Strict):
