@@ -106,10 +106,8 @@ def resolve_precision(setting: str, *, pretrained: bool, device: str, cpuinfo: s
 def _slow_bf16_warning(setting: str, device: str, cpuinfo: str | None) -> str:
     """Why a bf16 precision set in the config will crawl here, or "": a CPU without AVX-512 BF16 or AMX
     emulates bf16 matmuls (~100x slower than fp32), which a run otherwise only shows as very long steps."""
-    if setting not in ("bf16-mixed", "bfloat16"):
+    if setting not in ("bf16-mixed", "bfloat16") or not device.startswith("cpu"):
         return ""
     fast, reason = device_has_fast_bf16(device, cpuinfo)
-    if fast or not device.startswith("cpu"):
-        return ""
-    return (f"model.dtype {setting} on a {reason}: expect steps many times slower than float32 "
-            f"(model.dtype float32, or auto, which picks float32 here)")
+    return "" if fast else (f"model.dtype {setting} on a {reason}: expect steps many times slower than float32 "
+                            f"(model.dtype float32, or auto, which picks float32 here)")
