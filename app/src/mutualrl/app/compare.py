@@ -114,6 +114,12 @@ def run_dir(out: Path, entry: str, pair: str, seed: int) -> Path:
     return out / "runs" / entry / pair / f"seed{seed}"
 
 
+def run_label(entry: str, pair: str, seed: int) -> str:
+    """How one run is named in the progress output and in the sessions log's ``run`` events (which
+    compare_analysis matches against the runs on disk)."""
+    return f"{entry} / {pair} / seed {seed}"
+
+
 def _train_one(runner: Callable, cfg, d: Path, threads: int | None) -> None:
     """One run, in a worker process of a parallel compare: torch gets its share of the cores
     (threads spinning on oversubscribed cores cost more than they give)."""
@@ -168,7 +174,7 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable,
     done: list[Path] = []
     for entry, pair, seed in todo:
         d = run_dir(out, entry, pair, seed)
-        label = f"{entry} / {pair} / seed {seed}"
+        label = run_label(entry, pair, seed)
         if (d / "summary.json").is_file():
             done.append(d)
             progress(len(done), len(todo), label + " (done before)")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from mutualrl.app.compare import SESSIONS, CompareSpec, run_dir
+from mutualrl.app.compare import SESSIONS, CompareSpec, run_dir, run_label
 from mutualrl.runtime.compare_stats import auc, ci95, paired, rollouts_to_target
 from mutualrl.runtime.eval_analysis import answer_style, correct_by_problem, per_problem_paired, read_evals
 from mutualrl.runtime.outputs import read_metrics
@@ -309,7 +309,7 @@ def compute(spec: CompareSpec, out: Path) -> dict:
     logged events; a finished run whose event was never written (killed between its summary.json and
     the log line) counts by its summary.json's time, in the last invocation that started before it. A
     logged run's file time is not used: where runs were copied (committed records), it is the copy's."""
-    labelled = [(f"{e} / {p} / seed {s}", run_dir(out, e, p, s) / "summary.json") for e, p, s in spec.runs()]
+    labelled = [(run_label(e, p, s), run_dir(out, e, p, s) / "summary.json") for e, p, s in spec.runs()]
     labelled = [(label, f) for label, f in labelled if f.is_file()]
     runs = [json.loads(f.read_text()) for _, f in labelled]
     sessions: dict[float, list[float]] = {}
