@@ -470,3 +470,13 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
     assert style["start"]["sampled_entropy"] == pytest.approx(0.8)
     assert style["final"]["sampled_entropy"] == pytest.approx(0.2)
     assert "sampled entropy 0.80 nats/token" in md and "sampled entropy 0.20 nats/token" in md
+
+
+def test_the_plotted_accuracy_band_stays_inside_zero_and_one():
+    """Two seeds' t-interval is wider than the scale (pair A's SmolLM2 curves had ±1.3 around 0.5): the plot clips
+    the band to accuracy's range and leaves a narrow one as it is."""
+    from mutualrl.app.compare_report import accuracy_band
+
+    lower, upper = accuracy_band([0.5, 0.9, 0.1], [1.3, 0.05, 0.0])
+    assert lower == [0.0, pytest.approx(0.85), 0.1]
+    assert upper == [1.0, pytest.approx(0.95), 0.1]

@@ -260,6 +260,15 @@ def _wall_lines(results: dict, pair: str) -> list[str]:
     return ["Wall time of one run's RL: " + "; ".join(cells) + ".", ""]
 
 
+def accuracy_band(means: list[float], half_widths: list[float]) -> tuple[list[float], list[float]]:
+    """The plotted 95 % band of an accuracy curve, kept inside [0, 1]: with two or three seeds Student's t makes the
+    interval wider than the scale (±12.7 standard errors at two), and an unclipped band stretched the axis from −1 to 2
+    and flattened every curve on it. The report's tables keep the interval as computed."""
+    lower = [max(0.0, m - h) for m, h in zip(means, half_widths)]
+    upper = [min(1.0, m + h) for m, h in zip(means, half_widths)]
+    return lower, upper
+
+
 def plot_curves(spec: CompareSpec, out: Path, results: dict) -> list[Path]:
     """Held-out accuracy against rollouts per policy, mean over seeds with a 95 % band."""
     import matplotlib
@@ -290,7 +299,7 @@ def plot_curves(spec: CompareSpec, out: Path, results: dict) -> list[Path]:
                 ys = [s["mean"] for s in stats]
                 hw = [s["ci95"] or 0.0 for s in stats]
                 ax.plot(xs, ys, label=entry)
-                ax.fill_between(xs, [y - h for y, h in zip(ys, hw)], [y + h for y, h in zip(ys, hw)], alpha=0.15)
+                ax.fill_between(xs, *accuracy_band(ys, hw), alpha=0.15)
             ax.set_title(f"{pair}: {policy}")
             ax.set_xlabel("rollouts")
             ax.set_ylabel("held-out accuracy")
