@@ -2,7 +2,9 @@
 loop for every rank). ``python tests/e2e/golden_runs.py record`` writes their metrics, without
 the wall-clock fields, to ``tests/e2e/golden/``; ``test_fixed_seed_metrics.py`` reruns them and
 compares. Floating-point results depend on the CPU's vector instructions and the torch build, so
-each file records both, and the test compares only on a machine that matches."""
+each file records both, and the test compares only on a machine that matches. One recording per machine kind:
+``<run>.json`` (the first, on AVX2) and ``<run>.<cpu capability>.json`` for each kind recorded since, so a CI machine
+of either kind checks the numbers instead of skipping."""
 
 from __future__ import annotations
 
@@ -34,6 +36,18 @@ def machine() -> dict:
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
 
 
+def golden_for(name: str) -> dict | None:
+    """The recording of ``name`` made on a machine like this one (CPU capability and torch), or None."""
+    here = machine()
+    for path in sorted(GOLDEN.glob(f"{name}.*json")):
+        if path.name != f"{name}.json" and path.name.count(".") != 2:
+            continue  # another run's file whose name starts with this one's
+        golden = json.loads(path.read_text())
+        if golden["machine"] == here:
+            return golden
+    return None
+
+
 def without_timing(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
@@ -55,11 +69,15 @@ def run(name: str, out: Path, extra: tuple[str, ...] = ()) -> list[dict]:
 
 
 def record(out_root: Path) -> None:
+    """Record every run on this machine, beside (never over) a recording from another machine kind."""
     GOLDEN.mkdir(exist_ok=True)
     for name in RUNS:
         records = run(name, out_root / name)
-        (GOLDEN / f"{name}.json").write_text(json.dumps({"machine": machine(), "records": records}, indent=1) + "\n")
-        print(f"recorded {name}: {len(records)} records")
+        path = GOLDEN / f"{name}.json"
+        if path.is_file() and json.loads(path.read_text())["machine"] != machine():
+            path = GOLDEN / f"{name}.{machine()['cpu_capability']}.json"
+        path.write_text(json.dumps({"machine": machine(), "records": records}, indent=1) + "\n")
+        print(f"recorded {name}: {len(records)} records -> {path.name}")
 
 
 if __name__ == "__main__":
