@@ -36,16 +36,15 @@ def machine() -> dict:
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
 
 
+def recordings(name: str) -> list[dict]:
+    """Every recording of ``name``: ``<run>.json`` and the ``<run>.<cpu capability>.json`` beside it."""
+    paths = [GOLDEN / f"{name}.json", *sorted(GOLDEN.glob(f"{name}.*.json"))]
+    return [json.loads(p.read_text()) for p in paths if p.is_file()]
+
+
 def golden_for(name: str) -> dict | None:
     """The recording of ``name`` made on a machine like this one (CPU capability and torch), or None."""
-    here = machine()
-    for path in sorted(GOLDEN.glob(f"{name}.*json")):
-        if path.name != f"{name}.json" and path.name.count(".") != 2:
-            continue  # another run's file whose name starts with this one's
-        golden = json.loads(path.read_text())
-        if golden["machine"] == here:
-            return golden
-    return None
+    return next((g for g in recordings(name) if g["machine"] == machine()), None)
 
 
 def without_timing(records: list[dict]) -> list[dict]:

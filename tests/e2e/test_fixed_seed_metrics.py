@@ -4,10 +4,8 @@ handshake or the sharing modes must not change a number. Wall-clock fields are l
 CPU or torch build other than the recording's, floating-point results may differ in the last
 bits, so the comparison runs only where the machine matches."""
 
-import json
-
 import pytest
-from golden_runs import GOLDEN, RUNS, golden_for, machine, run
+from golden_runs import RUNS, golden_for, machine, recordings, run
 
 # async.max_staleness 0 with lockstep peers, said explicitly, is the synchronous run the golden files recorded
 EXPLICIT_SYNC = ("async.max_staleness=0", "async.peers=lockstep")
@@ -18,7 +16,7 @@ EXPLICIT_SYNC = ("async.max_staleness=0", "async.peers=lockstep")
 def test_fixed_seed_run_reproduces_its_recorded_metrics(name, extra, tmp_path):
     golden = golden_for(name)
     if golden is None:
-        kinds = [json.loads(p.read_text())["machine"] for p in sorted(GOLDEN.glob(f"{name}.*json"))]
+        kinds = [g["machine"] for g in recordings(name)]
         pytest.skip(f"recorded on {kinds}, this machine is {machine()} (`python tests/e2e/golden_runs.py record`)")
     records = run(name, tmp_path / name, extra)
     assert len(records) == len(golden["records"])
