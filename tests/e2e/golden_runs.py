@@ -70,12 +70,13 @@ def run(name: str, out: Path, extra: tuple[str, ...] = ()) -> list[dict]:
 def record(out_root: Path) -> None:
     """Record every run on this machine, beside (never over) a recording from another machine kind."""
     GOLDEN.mkdir(exist_ok=True)
+    this = machine()
     for name in RUNS:
         records = run(name, out_root / name)
         path = GOLDEN / f"{name}.json"
-        if path.is_file() and json.loads(path.read_text())["machine"] != machine():
-            path = GOLDEN / f"{name}.{machine()['cpu_capability']}.json"
-        path.write_text(json.dumps({"machine": machine(), "records": records}, indent=1) + "\n")
+        if path.is_file() and json.loads(path.read_text())["machine"] != this:
+            path = GOLDEN / f"{name}.{this['cpu_capability']}.json"
+        path.write_text(json.dumps({"machine": this, "records": records}, indent=1) + "\n")
         print(f"recorded {name}: {len(records)} records -> {path.name}")
 
 
