@@ -297,6 +297,14 @@ def test_a_subset_of_entries_and_seeds_trains_alone_and_the_report_covers_every_
         spec.subset(["nope"])
 
 
+def test_a_subset_runs_its_entries_in_the_order_named_seed_by_seed(tmp_path):
+    spec = CompareSpec.load(_spec(tmp_path))
+    assert list(spec.entries)[:2] == ["grpo", "sgt"]  # the file's order
+    chosen = spec.subset(["sgt", "grpo", "sgt"], [1, 0])
+    assert [(e, s) for e, _, s in chosen.runs()] == [("sgt", 1), ("grpo", 1), ("sgt", 0), ("grpo", 0)]
+    assert list(spec.subset(None).entries) == list(spec.entries)
+
+
 def test_the_report_shows_each_edges_example_hints_verified_first(tmp_path):
     """SGT-R's step records keep a few (hint, rescue sample) pairs; the report shows up to five per edge of the first
     seed that has any, verified samples first, each text one table cell (newlines and pipes cannot break the row)."""

@@ -268,8 +268,8 @@ def compare(
     jobs: int = typer.Option(1, "--jobs", min=1,
                              help="Runs trained at once, each in its own process with its share of the cores."),
     entries: Optional[str] = typer.Option(None, "--entries",
-                                          help="Train only these entries (comma-separated; the report covers every "
-                                               "finished run)."),
+                                          help="Train only these entries, in this order (comma-separated; the "
+                                               "report covers every finished run)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Train only these seeds (comma-separated)."),
 ) -> None:
     """Run entries x pairs x seeds (resumable: finished runs are skipped), then write report.md,

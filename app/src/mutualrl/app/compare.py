@@ -91,13 +91,15 @@ class CompareSpec:
         return spec
 
     def subset(self, entries: list[str] | None = None, seeds: list[int] | None = None) -> "CompareSpec":
-        """The same spec training only ``entries`` and ``seeds`` (None: all); ConfigError naming an unknown one."""
+        """The same spec training only ``entries`` and ``seeds`` (None: all), in the order given: a user who names
+        ``--entries sgt-r,sgt`` wants SGT-R's run first (the one that must finish within a session); ConfigError
+        naming an unknown one."""
         unknown = sorted(set(entries or []) - set(self.entries))
         if unknown:
             raise ConfigError(f"--entries: no entry {', '.join(unknown)} (entries: {', '.join(self.entries)})")
-        return dataclasses.replace(
-            self, entries={k: v for k, v in self.entries.items() if entries is None or k in entries},
-            seeds=list(seeds) if seeds is not None else list(self.seeds))
+        chosen = self.entries if entries is None else {k: self.entries[k] for k in dict.fromkeys(entries)}
+        return dataclasses.replace(self, entries=chosen,
+                                   seeds=list(seeds) if seeds is not None else list(self.seeds))
 
     def runs(self) -> list[tuple[str, str, int]]:
         """Every (entry, pair, seed) to run, seed by seed so early seeds finish for every entry first."""
