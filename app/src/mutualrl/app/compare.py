@@ -97,7 +97,7 @@ class CompareSpec:
         unknown = sorted(set(entries or []) - set(self.entries))
         if unknown:
             raise ConfigError(f"--entries: no entry {', '.join(unknown)} (entries: {', '.join(self.entries)})")
-        chosen = self.entries if entries is None else {k: self.entries[k] for k in dict.fromkeys(entries)}
+        chosen = dict(self.entries) if entries is None else {k: self.entries[k] for k in dict.fromkeys(entries)}
         return dataclasses.replace(self, entries=chosen,
                                    seeds=list(seeds) if seeds is not None else list(self.seeds))
 
