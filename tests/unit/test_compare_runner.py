@@ -303,6 +303,7 @@ def test_a_subset_runs_its_entries_in_the_order_named_seed_by_seed(tmp_path):
     chosen = spec.subset(["sgt", "grpo", "sgt"], [1, 0])
     assert [(e, s) for e, _, s in chosen.runs()] == [("sgt", 1), ("grpo", 1), ("sgt", 0), ("grpo", 0)]
     assert list(spec.subset(None).entries) == list(spec.entries)
+    assert [(e, s) for e, _, s in spec.subset(["grpo"], [2, 2]).runs()] == [("grpo", 2)]  # not trained twice
 
 
 def test_the_report_shows_each_edges_example_hints_verified_first(tmp_path):

@@ -92,14 +92,15 @@ class CompareSpec:
 
     def subset(self, entries: list[str] | None = None, seeds: list[int] | None = None) -> "CompareSpec":
         """The same spec training only ``entries`` and ``seeds`` (None: all), in the order given: a user who names
-        ``--entries sgt-r,sgt`` wants SGT-R's run first (the one that must finish within a session); ConfigError
-        naming an unknown one."""
+        ``--entries sgt-r,sgt`` wants SGT-R's run first (the one that must finish within a session). A name or seed
+        given twice is kept once: the runs are queued before any starts, so a repeat would train its run twice.
+        ConfigError naming an unknown entry."""
         unknown = sorted(set(entries or []) - set(self.entries))
         if unknown:
             raise ConfigError(f"--entries: no entry {', '.join(unknown)} (entries: {', '.join(self.entries)})")
         chosen = dict(self.entries) if entries is None else {k: self.entries[k] for k in dict.fromkeys(entries)}
         return dataclasses.replace(self, entries=chosen,
-                                   seeds=list(seeds) if seeds is not None else list(self.seeds))
+                                   seeds=list(dict.fromkeys(seeds)) if seeds is not None else list(self.seeds))
 
     def runs(self) -> list[tuple[str, str, int]]:
         """Every (entry, pair, seed) to run, seed by seed so early seeds finish for every entry first."""
