@@ -1,7 +1,7 @@
 """A pretrained policy that cannot produce the answer form the task asks for is told about before RL: a
-WARNING and a `summary.json` field saying GRPO has no signal, with the formats under which its completions
-would have scored (a model loaded by path counts as pretrained; here a tiny one, asked for <answer> tags it
-has never seen)."""
+WARNING and a `summary.json` field saying GRPO may have no signal, with the pass rate 0 of n cannot rule out
+and the formats under which its completions would have scored (a model loaded by path counts as pretrained;
+here a tiny one, asked for <answer> tags it has never seen)."""
 
 import json
 
@@ -34,8 +34,11 @@ def test_a_policy_at_zero_percent_is_warned_about_and_summarised(tmp_path, token
     # the policy is named: its bracketed name printed as text, not taken for a style
     assert "[tiny] WARNING: 0 of 8 sampled answers pass in answer format answer_tags" in result.output
     pr = json.loads((tmp_path / "run" / "summary.json").read_text())["policies"]["tiny"]["pass_rate_before_rl"]
-    assert pr["problems"] == 8 and pr["passed"] == 0 and pr["no_signal"] == "GRPO has no signal on this task for " \
-        "this policy"
+    assert pr["problems"] == 8 and pr["passed"] == 0 and pr["no_signal"] == "GRPO may have no signal on this task " \
+        "for this policy"
+    # 0 of 8 cannot rule out a pass rate up to 1 − 0.05^(1/8) ≈ 31 %: the warning says so instead of a verdict
+    assert pr["rate_upper95"] == 0.3123
+    assert "up to 31% at 95 % confidence" in " ".join(result.output.split())
     assert set(pr["other_formats"]) == {"whole", "last_number", "boxed", "last_line"}
     assert isinstance(pr["better_formats"], list)
     rec = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]

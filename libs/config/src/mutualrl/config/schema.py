@@ -176,8 +176,9 @@ class EvalConfig(_Strict):
                                       "evaluated at the start and the end only).")
     pass_rate_check: bool = Field(True, description="Before RL, sample each pretrained policy once on up to "
                                   "pass_rate_problems held-out problems at its own temperature: a policy at 0 % gets "
-                                  "a WARNING and summary.json says GRPO has no signal for it, with the answer formats "
-                                  "under which the same completions would have scored.")
+                                  "a WARNING and summary.json says GRPO may have no signal for it, with the pass rate "
+                                  "the sample cannot rule out (rate_upper95) and the answer formats under which the "
+                                  "same completions would have scored.")
     pass_rate_problems: int = Field(32, ge=1, description="Problems the pass-rate check samples.")
     pass_rate_budget_s: float = Field(60.0, gt=0, description="The pass-rate check stops sampling after this long "
                                       "(per policy) and reports what it measured.")

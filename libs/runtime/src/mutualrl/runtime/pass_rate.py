@@ -7,6 +7,11 @@ once before RL, at the policy's own sampling temperature, this turns that into a
 ``summary.json``. The same completions are re-scored under every other answer format: a format under
 which they would have scored is the first thing to try (``mutualrl probe`` measures it properly, with
 the instruction of each format).
+
+Zero passes in a few samples is weak evidence: 0 of n is seen with probability ≥ 5 % for every pass rate
+below 1 − 0.05^(1/n) (31 % at n = 8; SmolLM2 at ~22 % on pair A's sums drew 0 of 8 at one seed and then
+learned as at the others). So the note says GRPO *may* have no signal and states that bound; the learner's
+own check (``eval.no_signal_steps``) is the one that sees the groups themselves.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from mutualrl.runtime.evaluation import scored_texts
 from mutualrl.tasks import Problem, Verifier
 from mutualrl.tasks.answers import ANSWER_FORMATS
 
-NO_SIGNAL = "GRPO has no signal on this task for this policy"
+NO_SIGNAL = "GRPO may have no signal on this task for this policy"
 
 
 @dataclass
@@ -43,12 +48,20 @@ class PassRate:
         """The pass rate (0 when nothing was sampled)."""
         return self.passed / self.problems if self.problems else 0.0
 
+    @property
+    def upper95(self) -> float:
+        """The one-sided 95 % upper bound on the pass rate when nothing passed: the rate p at which 0 passes of
+        ``problems`` has probability 5 %, (1 − p)^n = 0.05 (1.0 when nothing was sampled). It is the figure the
+        0 % warning states; with passes, the rate itself says there is signal."""
+        return 1.0 - 0.05 ** (1.0 / self.problems) if self.problems else 1.0
+
     def summary(self) -> dict:
-        """What ``summary.json`` keeps: the measurement, and at 0 % the no-signal note with the formats that
-        do better."""
+        """What ``summary.json`` keeps: the measurement, and at 0 % the no-signal note, the pass rate the
+        sample cannot rule out (``rate_upper95``) and the formats that do better."""
         out = {**asdict(self), "rate": self.rate}
         if self.problems and self.passed == 0:
             out["no_signal"] = NO_SIGNAL
+            out["rate_upper95"] = round(self.upper95, 4)
             out["better_formats"] = sorted((f for f, r in self.other_formats.items() if r > 0),
                                            key=lambda f: -self.other_formats[f])
         return out
