@@ -38,7 +38,7 @@ def test_a_policy_at_zero_percent_is_warned_about_and_summarised(tmp_path, token
         "for this policy"
     # 0 of 8 cannot rule out a pass rate up to 1 − 0.05^(1/8) ≈ 31 %: the warning says so instead of a verdict
     assert pr["rate_upper95"] == 0.3123
-    assert "up to 31% at 95 % confidence" in " ".join(result.output.split())
+    assert "up to 31 % at 95 % confidence" in " ".join(result.output.split())
     assert set(pr["other_formats"]) == {"whole", "last_number", "boxed", "last_line"}
     assert isinstance(pr["better_formats"], list)
     rec = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]

@@ -194,7 +194,7 @@ def pass_rate_before_rl(pp: PreparedPolicy, task: Task, verifier: Verifier, cfg:
     if out.get("no_signal"):
         better = ", ".join(out["better_formats"]) or "none of the other formats either"
         warn(f"[{p.name}] WARNING: 0 of {pr.problems} sampled answers pass in answer format {fmt} (T={temperature}): "
-             f"{NO_SIGNAL} (0 of {pr.problems} leaves its pass rate anywhere up to {pr.upper95:.0%} at 95 % "
+             f"{NO_SIGNAL} (0 of {pr.problems} leaves its pass rate anywhere up to {pr.upper95 * 100:.0f} % at 95 % "
              "confidence; more eval.pass_rate_problems narrow it, and the run warns again if its groups stay "
              f"all-equal for eval.no_signal_steps). The same completions would score under: {better}. "
              "Try `mutualrl probe`.")
