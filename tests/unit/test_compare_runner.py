@@ -459,9 +459,10 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
                          **({"rollouts": 256, "eval_accuracy": 0.3} if step == 2 else {})})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         (d / "evals").mkdir()
+        worked = "1 + 2 equals 3." if cfg.seed == 2 else "1 + 2 = 3"  # seed 2's receiver takes up other wording
         (d / "evals" / f"{receiver}.jsonl").write_text("".join(json.dumps(
-            {"step": s, "accuracy": 0.5, "prompt_ids": ["a", "b"], "correct": "10", "texts": ["1 + 2 = 3", "4"]})
-            + "\n" for s in (0, 4)))
+            {"step": s, "accuracy": 0.5, "prompt_ids": ["a", "b"], "correct": "10",
+             "texts": [worked if s else "1 + 2 = 3", "4"]}) + "\n" for s in (0, 4)))
 
     spec = CompareSpec.load(_spec(tmp_path))
     run_all(spec, tmp_path / "out", run)
@@ -479,6 +480,11 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
     assert style["start"]["sampled_entropy"] == pytest.approx(0.8)
     assert style["final"]["sampled_entropy"] == pytest.approx(0.2)
     assert "sampled entropy 0.80 nats/token" in md and "sampled entropy 0.20 nats/token" in md
+    # answer shapes: each run's shares, averaged over the runs (a shape a run lacks is 0 in it), largest first
+    assert style["start"]["shapes"] == {"# + # = #": pytest.approx(0.5), "#": pytest.approx(0.5)}
+    assert style["final"]["shapes"] == {"#": pytest.approx(0.5), "# + # = #": pytest.approx(1 / 3),
+                                        "# + # equals #.": pytest.approx(1 / 6)}
+    assert "; `#` 50 %, `# + # = #` 33 %, `# + # equals #.` 17 % |" in md
 
 
 def test_the_plotted_accuracy_band_stays_inside_zero_and_one():
@@ -489,3 +495,13 @@ def test_the_plotted_accuracy_band_stays_inside_zero_and_one():
     lower, upper = accuracy_band([0.5, 0.9, 0.1], [1.3, 0.05, 0.0])
     assert lower == [0.0, pytest.approx(0.85), 0.1]
     assert upper == [1.0, pytest.approx(0.95), 0.1]
+
+
+def test_answer_shapes_in_the_report_name_the_common_ones_and_keep_the_table_whole():
+    """The most common shape always, the rest from 5 % of the answers; a pipe in a shape would split the markdown
+    table's cell and a backtick would end its code span."""
+    from mutualrl.app.compare_report import _shapes_text
+
+    assert _shapes_text({"# | #": 0.9, "`#`": 0.06, "#.": 0.04}) == "`# \\| #` 90 %, `'#'` 6 %"
+    assert _shapes_text({"#": 0.02}) == "`#` 2 %"
+    assert _shapes_text({}) == "" and _shapes_text(None) == ""

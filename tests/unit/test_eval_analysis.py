@@ -4,7 +4,15 @@ import json
 
 import pytest
 
-from mutualrl.runtime.eval_analysis import answer_style, correct_by_problem, per_problem_paired, read_evals
+from mutualrl.runtime.eval_analysis import (
+    SHAPE_CHARS,
+    answer_shape,
+    answer_shapes,
+    answer_style,
+    correct_by_problem,
+    per_problem_paired,
+    read_evals,
+)
 
 
 def test_the_per_problem_paired_difference_averages_seeds_inside_each_problem_then_spans_the_problems():
@@ -26,6 +34,20 @@ def test_answer_style_counts_length_form_and_shown_work():
     assert st["chars"] == pytest.approx(sum(map(len, texts)) / 3)
     assert st["in_form"] == pytest.approx(2 / 3) and st["shows_work"] == pytest.approx(1 / 3)
     assert answer_style([], "answer_tags")["chars"] is None
+
+
+def test_an_answers_shape_keeps_its_wording_and_drops_its_numbers():
+    # pair A, seed 4: SGT's SmolLM2 took up the Qwen's "equals"; length, form and shown work barely saw it
+    assert answer_shape("9 + 5 equals 14.") == answer_shape("33 + 17  equals\n40.") == "# + # equals #."
+    assert answer_shape("9 + 5 = 14") == "# + # = #" and answer_shape("-3.5 - 2") == "# - #"
+    long = answer_shape("step " * 40)
+    assert len(long) == SHAPE_CHARS and long.endswith("…")
+
+
+def test_answer_shapes_are_the_most_common_with_their_shares():
+    texts = ["9 + 5 = 14", "1 + 2 = 3", "9 + 5 equals 14.", "7", "2 + 2 = 4", "8"]
+    assert answer_shapes(texts, top=2) == {"# + # = #": pytest.approx(0.5), "#": pytest.approx(2 / 6)}
+    assert answer_shapes([]) == {}
 
 
 def test_evaluation_logs_read_in_step_order_and_skip_a_cut_line(tmp_path):

@@ -13,7 +13,13 @@ import yaml
 
 from mutualrl.app.compare import SESSIONS, CompareSpec, run_dir, run_label
 from mutualrl.runtime.compare_stats import auc, ci95, paired, rollouts_to_target
-from mutualrl.runtime.eval_analysis import answer_style, correct_by_problem, per_problem_paired, read_evals
+from mutualrl.runtime.eval_analysis import (
+    answer_shapes,
+    answer_style,
+    correct_by_problem,
+    per_problem_paired,
+    read_evals,
+)
 from mutualrl.runtime.outputs import read_metrics
 
 
@@ -161,12 +167,24 @@ def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
             / len(runs) for k in keys}
 
 
+def _mean_shapes(runs: list[dict[str, float]], top: int = 3) -> dict[str, float]:
+    """Answer shapes' shares averaged over runs (a shape a run lacks is 0 in it), the ``top`` largest first: one
+    seed whose receiver took up a peer's wording shows as that wording's share of the entry's runs."""
+    have = [r for r in runs if r]
+    if not have:
+        return {}
+    shares = {shape: sum(r.get(shape, 0.0) for r in have) / len(have) for shape in dict.fromkeys(
+        shape for r in have for shape in r)}
+    return dict(sorted(shares.items(), key=lambda kv: -kv[1])[:top])
+
+
 def _mean_style(runs: list[dict]) -> dict | None:
     """Answer style (start and final evaluation; the sampling entropy of the first and last step) averaged over an
-    entry's runs, each figure over the runs that have it."""
+    entry's runs, each figure over the runs that have it; answer shapes by :func:`_mean_shapes`."""
     if not runs:
         return None
-    return {when: {k: _mean_present([r[when].get(k) for r in runs])
+    return {when: {k: _mean_shapes([r[when].get(k) or {} for r in runs]) if k == "shapes"
+                   else _mean_present([r[when].get(k) for r in runs])
                    for k in dict.fromkeys(k for r in runs for k in r[when])} for when in ("start", "final")}
 
 
@@ -262,8 +280,10 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                         "curve": curves.get(policy, []),
                         "rollouts": p.get("rollouts", 0),
                         "correct": correct_by_problem(evals[-1]) if evals else None,
-                        "style": {"start": {**answer_style(evals[0]["texts"], fmt), "sampled_entropy": first_h},
-                                  "final": {**answer_style(evals[-1]["texts"], fmt), "sampled_entropy": last_h}}
+                        "style": {"start": {**answer_style(evals[0]["texts"], fmt), "sampled_entropy": first_h,
+                                            "shapes": answer_shapes(evals[0]["texts"])},
+                                  "final": {**answer_style(evals[-1]["texts"], fmt), "sampled_entropy": last_h,
+                                            "shapes": answer_shapes(evals[-1]["texts"])}}
                                  if evals else None,
                         "sharing": sharing.get(policy),
                         "hint_examples": examples.get(policy, []),

@@ -162,6 +162,19 @@ def _sharing_text(c: dict | None) -> str:
     return f"SGT rescues {c['rescue_count']:.0f}"
 
 
+def _shapes_text(shapes: dict[str, float] | None, floor: float = 0.05) -> str:
+    """The answers' shapes worth naming: the most common always, the next ones from ``floor`` of the answers; a
+    shape sits in a code span, a ``|`` in it escaped for the table (GFM) and a backtick made a quote."""
+    if not shapes:
+        return ""
+    parts = []
+    for i, (shape, share) in enumerate(shapes.items()):
+        if i == 0 or share >= floor:
+            code = shape.replace("`", "'").replace("|", "\\|")
+            parts.append(f"`{code}` {share * 100:.0f} %")
+    return ", ".join(parts)
+
+
 def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
     """Per entry and policy: the per-problem paired difference, answer style at the start and at the end, and how
     much sharing the runs did (an entry whose receiver trained < 1 rescue a step is "not exercised")."""
@@ -175,6 +188,8 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
         text = f"{st['chars']:.0f} ch, {st['in_form'] * 100:.0f} % in form, {st['shows_work'] * 100:.0f} % work"
         if st.get("sampled_entropy") is not None:
             text += f", sampled entropy {st['sampled_entropy']:.2f} nats/token"
+        if shapes := _shapes_text(st.get("shapes")):
+            text += f"; {shapes}"
         return text
 
     def problems(x: dict | None) -> str:
@@ -185,8 +200,9 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
         return f"{format_ci(x, signed=True)} ({x['problems']} problems × {x['seeds']} seeds)"
 
     out = ["Answers at the start and at the end: the first and the last held-out evaluation's greedy answers (mean "
-           "length, share in the task's form, share that show work), and where the records have it the sampling "
-           "entropy of the first and the last step's own rollouts (mean −log π of their tokens).", "",
+           "length, share in the task's form, share that show work), where the records have it the sampling "
+           "entropy of the first and the last step's own rollouts (mean −log π of their tokens), and the answers' "
+           "most common shapes (numbers as #) with their shares over the runs.", "",
            "| entry | policy | per-problem paired vs baseline | answers at the start | answers at the end | "
            "sharing per run (mean) |", "|---|---|---|---|---|---|"]
     for e, p, r in rows:

@@ -1,5 +1,5 @@
 """What a run's per-problem evaluations (``evals/<policy>.jsonl``) say beyond an accuracy: a paired comparison of two
-entries problem by problem, and the style of the answers (length, form, whether the work is shown).
+entries problem by problem, and the style of the answers (length, form, whether the work is shown, and their shape).
 
 The per-problem paired difference is the question "on the same held-out problems and the same seeds, how much more
 often does this entry answer correctly than the baseline": for each problem the mean over seeds of
@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 from mutualrl.runtime.compare_stats import ci95
 from mutualrl.tasks.answers import extract_answer
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_SPACE = re.compile(r"\s+")
+SHAPE_CHARS = 60  # a shape longer than this is cut: long reasoning has no shared shape worth naming in a table
 
 
 def read_evals(path: Path) -> list[dict]:
@@ -67,3 +70,18 @@ def answer_style(texts: list[str], answer_format: str) -> dict[str, float | None
     return {"chars": sum(len(t) for t in texts) / n,
             "in_form": sum(1 for t in texts if extract_answer(t, answer_format) not in (None, "")) / n,
             "shows_work": sum(1 for t in texts if len(_NUMBER.findall(t)) >= 3) / n}
+
+
+def answer_shape(text: str) -> str:
+    """An answer with its numbers replaced by ``#`` and its whitespace collapsed: ``"9 + 5 equals 14."`` and
+    ``"33 + 17 equals 40."`` share the shape ``"# + # equals #."``, which ``"9 + 5 = 14"`` does not. Length, form and
+    shown work cannot tell those two apart; the shape is how a report sees a receiver take up a peer's wording."""
+    shape = _SPACE.sub(" ", _NUMBER.sub("#", text)).strip()
+    return shape if len(shape) <= SHAPE_CHARS else shape[:SHAPE_CHARS - 1] + "…"
+
+
+def answer_shapes(texts: list[str], top: int = 3) -> dict[str, float]:
+    """The ``top`` most common answer shapes (:func:`answer_shape`) with their shares, most common first (ties in
+    first-seen order); {} for no texts."""
+    counts = Counter(answer_shape(t) for t in texts)
+    return {shape: n / len(texts) for shape, n in counts.most_common(top)}
