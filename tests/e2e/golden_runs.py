@@ -3,11 +3,12 @@ loop for every rank). ``python tests/e2e/golden_runs.py record`` writes their me
 the wall-clock fields, to ``tests/e2e/golden/``; ``test_fixed_seed_metrics.py`` reruns them and
 compares. Floating-point results depend on the CPU's vector instructions and the torch build, so
 each file records both, and the test compares only on a machine that matches. One recording per machine kind:
-``<run>.json`` (the first, on AVX2) and ``<run>.<cpu capability>.json`` for each kind recorded since, so a CI machine
-of either kind checks the numbers instead of skipping."""
+``<run>.json`` (the first, on AVX2), ``<run>.<cpu capability>.json`` and ``<run>.<cpu capability>-<flags digest>.json``
+for each kind recorded since, so a CI machine of a recorded kind checks the numbers instead of skipping."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -32,19 +33,46 @@ RUNS = {
 }
 
 
+def cpu_vector_flags() -> str:
+    """This CPU's AVX-512 and AMX flags from ``/proc/cpuinfo``, sorted ("" where there are none or no such file).
+    torch's capability says "AVX512" for every AVX-512 CPU, yet two of them (2026-12-02: one with AMX and
+    AVX512-FP16, one recorded earlier) trained the fixed-seed runs to different fp32 numbers."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return " ".join(sorted(f for f in line.split(":", 1)[-1].split() if f.startswith(("avx512", "amx"))))
+
+
 def machine() -> dict:
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "cpu_flags": cpu_vector_flags()}
 
 
 def recordings(name: str) -> list[dict]:
-    """Every recording of ``name``: ``<run>.json`` and the ``<run>.<cpu capability>.json`` beside it."""
+    """Every recording of ``name``: ``<run>.json`` and the ``<run>.<machine kind>.json`` beside it."""
     paths = [GOLDEN / f"{name}.json", *sorted(GOLDEN.glob(f"{name}.*.json"))]
     return [json.loads(p.read_text()) for p in paths if p.is_file()]
 
 
 def golden_for(name: str) -> dict | None:
-    """The recording of ``name`` made on a machine like this one (CPU capability and torch), or None."""
-    return next((g for g in recordings(name) if g["machine"] == machine()), None)
+    """The recording of ``name`` made on a machine like this one, or None: one with the same CPU flags first; then
+    one recorded before the flags were (CPU capability and torch alike)."""
+    this = machine()
+    found = recordings(name)
+    exact = next((g for g in found if g["machine"] == this), None)
+    if exact is not None:
+        return exact
+    coarse = {k: v for k, v in this.items() if k != "cpu_flags"}
+    return next((g for g in found if "cpu_flags" not in g["machine"] and g["machine"] == coarse), None)
+
+
+def machine_kind(m: dict) -> str:
+    """A recording's file-name part: the CPU capability, and a short digest of its CPU flags where it has them."""
+    if not m.get("cpu_flags"):
+        return m["cpu_capability"]
+    return f"{m['cpu_capability']}-{hashlib.sha256(m['cpu_flags'].encode()).hexdigest()[:8]}"
 
 
 def without_timing(records: list[dict]) -> list[dict]:
@@ -75,7 +103,7 @@ def record(out_root: Path) -> None:
         records = run(name, out_root / name)
         path = GOLDEN / f"{name}.json"
         if path.is_file() and json.loads(path.read_text())["machine"] != this:
-            path = GOLDEN / f"{name}.{this['cpu_capability']}.json"
+            path = GOLDEN / f"{name}.{machine_kind(this)}.json"
         path.write_text(json.dumps({"machine": this, "records": records}, indent=1) + "\n")
         print(f"recorded {name}: {len(records)} records -> {path.name}")
 
