@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from mutualrl.models.precision import cpu_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 # seconds and timestamps differ on every run; everything else is a function of the seed
@@ -37,12 +39,7 @@ def cpu_vector_flags() -> str:
     """This CPU's AVX-512 and AMX flags from ``/proc/cpuinfo``, sorted ("" where there are none or no such file).
     torch's capability says "AVX512" for every AVX-512 CPU, yet two of them (2026-12-02: one with AMX and
     AVX512-FP16, one recorded earlier) trained the fixed-seed runs to different fp32 numbers."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return " ".join(sorted(f for f in line.split(":", 1)[-1].split() if f.startswith(("avx512", "amx"))))
+    return " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx"))))
 
 
 def machine() -> dict:

@@ -170,11 +170,7 @@ def _mean_counts(runs: list[dict[str, float]]) -> dict[str, float] | None:
 def _mean_shapes(runs: list[dict[str, float]], top: int = 3) -> dict[str, float]:
     """Answer shapes' shares averaged over runs (a shape a run lacks is 0 in it), the ``top`` largest first: one
     seed whose receiver took up a peer's wording shows as that wording's share of the entry's runs."""
-    have = [r for r in runs if r]
-    if not have:
-        return {}
-    shares = {shape: sum(r.get(shape, 0.0) for r in have) / len(have) for shape in dict.fromkeys(
-        shape for r in have for shape in r)}
+    shares = _mean_counts([r for r in runs if r]) or {}
     return dict(sorted(shares.items(), key=lambda kv: -kv[1])[:top])
 
 

@@ -56,20 +56,22 @@ class Precision:
         return learner_autocast(device, self.autocast)
 
 
-def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:
-    """The CPU flags that make bf16 matmuls fast, from ``/proc/cpuinfo`` (Linux; none elsewhere)."""
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The first CPU's flags from ``/proc/cpuinfo`` (Linux; none elsewhere or where it cannot be read)."""
     if cpuinfo is None:
         if not sys.platform.startswith("linux"):
-            return []
+            return set()
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return []
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[-1].split())
-            break
+            return set()
+    line = next((x for x in cpuinfo.splitlines() if x.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:
+    """The CPU flags that make bf16 matmuls fast, from ``/proc/cpuinfo`` (Linux; none elsewhere)."""
+    flags = cpu_flags(cpuinfo)
     return [f for f in CPU_BF16_FLAGS if f in flags]
 
 
