@@ -53,8 +53,9 @@ def hint_weights(hint_free_logp: torch.Tensor, behaviour_logp: torch.Tensor, mas
 def rescue_advantages(own_rewards: torch.Tensor, own_groups: torch.Tensor, rescue_rewards: torch.Tensor,
                       rescue_groups: torch.Tensor, *, norm_by_std: bool = True, epsilon: float = 1e-6) -> torch.Tensor:
     """Advantages of rescued rows [R]: ``max(r_i − b_g, 0) / (σ_g + ε)`` (§3.5), ``b_g`` the mean of group g's own
-    rewards, ``σ_g`` the unbiased std of its own and rescued rewards together (without ``norm_by_std``: Dr.GRPO's
-    unscaled difference). A group with no own rows has ``b_g = 0``.
+    rewards, ``σ_g`` the unbiased std of its own rewards and these rescue rows' together — the rows that join a step,
+    those above ``b_g`` (without ``norm_by_std``: Dr.GRPO's unscaled difference). A group with no own rows has
+    ``b_g = 0``.
 
     own_rewards [N], own_groups [N], rescue_rewards [R], rescue_groups [R] (group labels shared by both)."""
     if rescue_rewards.numel() == 0:

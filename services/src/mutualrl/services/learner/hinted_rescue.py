@@ -4,8 +4,9 @@
 After the step's own rollouts and peers' re-verified successes are in, each own group at or under the gate that a
 peer solved (or, for the controls, any such group) gets k more samples from the receiver's own engine — on the
 prompt with the peer's success shown as a hint (answer masked), or on the plain prompt when the information gate
-finds the hint does not help the receiver. The receiver's verifier scores them; they join the step as ``HINTED``
-rows under the *hint-free* prompt, each token weighted toward the hint-free policy (``mutualrl.grpo.hinted``).
+finds the hint does not help the receiver. The receiver's verifier scores them; those above the receiver's own
+baseline on the prompt join the step as ``HINTED`` rows under the *hint-free* prompt, each token weighted toward the
+hint-free policy (``mutualrl.grpo.hinted``); the rest are counted, not trained.
 
 Everything a peer's text must pass before it is shown is checked here, per hint, with a reason when refused: its
 length in the receiver's tokens, that it spells back exactly through the receiver's tokenizer, that it names none
@@ -199,7 +200,8 @@ class HintedRescue:
     # ---- the round ---------------------------------------------------------------------------------------------
     def add_rows(self, step: int, rows: Rows, own_successes: dict[str, int], candidates: list[RescueItem],
                  problems: dict[str, Problem]) -> RescueOutcome:
-        """Sample, score and append this step's rescue rows to ``rows`` (kind ``HINTED``)."""
+        """Sample and score this step's rescue samples; append those above the receiver's own baseline to ``rows``
+        (kind ``HINTED``), count all of them."""
         out = RescueOutcome()
         chosen = self._chosen(own_successes, candidates, problems)
         if not chosen:
@@ -234,8 +236,14 @@ class HintedRescue:
             behaviour[i, T - len(s.logprobs):] = torch.tensor(s.logprobs, dtype=hint_free.dtype)
             mask[i, T - len(s.logprobs):] = 1.0
         w, w_metrics = hint_weights(hint_free, behaviour, mask, w_min=self.cfg.w_min, w_max=self.cfg.w_max)
-        out.weight_metrics = {k: float(v) for k, v in w_metrics.items()}
+        out.weight_metrics = {k: float(v) for k, v in w_metrics.items()}  # over every rescue sample: hint acceptance
+        # what pushes a row: its reward above the receiver's own mean on the prompt. Only those rows join the step; a
+        # rescue sample at or under it would train nothing and only enlarge token-mean's divisor, shrinking the own
+        # rows' gradient — so a round that trains nothing leaves the step as isolated GRPO's (§3.5)
+        baseline = {id(p): own_successes[p.problem.prompt_id] / self.group_size for p in plans}
         for i, (s, p, r) in enumerate(kept):
+            if r <= baseline[id(p)]:
+                continue
             n = len(s.token_ids)
             rows.add(prompt_token_ids=p.plain_ids, token_ids=s.token_ids, logprobs=hint_free[i, T - n:].tolist(),
                      mask=[1.0] * n, reward=r, prompt_id=p.problem.prompt_id, source_policy=p.source, kind=HINTED,
@@ -243,10 +251,9 @@ class HintedRescue:
         out.examples = self._examples(plans, [(p, t, r) for (_, t), p, r in zip(samples, owners, rewards)])
         for p in plans:
             got = [r for _, q, r in kept if q is p]
-            baseline = own_successes[p.problem.prompt_id] / self.group_size  # what pushes a row: r above it
             out.count(p.source, "rescue_samples", len(got))
             out.count(p.source, "rescued", sum(1 for r in got if r > 0))
-            out.count(p.source, "rescue_trained", sum(1 for r in got if r > baseline))
+            out.count(p.source, "rescue_trained", sum(1 for r in got if r > baseline[id(p)]))
             if not any(r > 0 for r in got):
                 out.count(p.source, "rescue_verified_nothing")
         return out
