@@ -188,8 +188,8 @@ class _FirstOfGroup(_Oracle):
 def test_a_rescue_round_that_trains_nothing_leaves_the_update_exactly_as_isolated_grpos(arithmetic_task, corpus):
     """§3.5: rescue samples at or under the receiver's baseline are counted, not trained, and are not rows — kept with
     advantage 0 they would enlarge token-mean's divisor and shrink the own rows' gradient. So a step whose round
-    verified nothing is bit for bit the step without a round: the entries of a compare differ only by what rescues
-    trained."""
+    verified nothing is bit for bit the step without a round: an SGT-R step differs from isolated GRPO's only by what
+    its rescues trained."""
     signal, rescued = _all_fail(arithmetic_task, 2)  # own groups: one with signal (its first sample), one all-fail
     params = []
     for with_round in (True, False):
