@@ -374,6 +374,37 @@ def test_the_report_sums_each_sharing_edge_over_a_run_and_averages_over_seeds(tm
     assert f"| sgt | {a}->{b} | 2 | 0 | 2 | 0 | 0 | – | – | – | – | – | – |" in md
 
 
+def test_the_report_names_a_policy_no_edge_reaches_as_learning_alone(tmp_path):
+    """Pair B's SmolLM2 only sends: in every sharing entry it learns alone, and its paired difference against the
+    baseline (−1 to −3.5 points there) is the runs' own variation. The report says so in its row, and only where the
+    entry's named edges leave the policy without one into it."""
+    base = _fake_run([])
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        a, b = cfg.policies[0].name, cfg.policies[1].name
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        if cfg.sharing.mode == "sgt":  # one edge, b -> a, recorded on the receiver's step
+            recs.append({"step": 1, "policy": a, "edges": {f"{b}->{a}": {"offered": 2, "used": 1}}})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (d / "evals").mkdir()
+        for p in (a, b):
+            (d / "evals" / f"{p}.jsonl").write_text("".join(json.dumps(
+                {"step": s, "accuracy": 0.5, "prompt_ids": ["x", "y"], "correct": "10", "texts": ["1 + 2 = 3", "4"]})
+                + "\n" for s in (0, 2)))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    a, b = next(iter(res["pairs"]["demo"]["sgt"])), list(res["pairs"]["demo"]["sgt"])[-1]
+    rows = {tuple(x.split(" | ")[:2]): x for x in (tmp_path / "out" / "report.md").read_text().splitlines()
+            if x.startswith(("| sgt | ", "| grpo | ")) and "% work" in x}
+    alone = "receives nothing (no edge into it): its paired difference is the runs' own variation |"
+    assert rows[("| sgt", b)].endswith(alone)
+    assert not rows[("| sgt", a)].endswith(alone)  # the receiver
+    assert not any(rows[("| grpo", p)].endswith(alone) for p in (a, b))  # the baseline names no edges
+
+
 def test_the_report_warns_when_the_runs_of_a_pair_trained_in_different_precisions(tmp_path):
     """`model.dtype: auto` resolves by the CPU (bf16-mixed where it has bf16 instructions), so a compare resumed on
     another machine can mix precisions; the report says which runs trained in which, from the summary or, for runs

@@ -87,7 +87,8 @@ def report_md(results: dict) -> str:
                           f"{p}: " + ", ".join(f"{prec} ({', '.join(runs)})" for prec, runs in v.items())
                           for p, v in mixed.items()) + ".", ""]
         lines += ["", *_efficiency_lines(results, entries), *_wall_lines(results, pair),
-                  *_detail_lines(entries, policies), *_edge_lines((results.get("edges_by_pair") or {}).get(pair)),
+                  *_detail_lines(entries, policies, (results.get("edges_by_pair") or {}).get(pair)),
+                  *_edge_lines((results.get("edges_by_pair") or {}).get(pair)),
                   *_example_lines(entries, policies)]
     links = results.get("tracking") or {}
     if links:
@@ -162,6 +163,13 @@ def _sharing_text(c: dict | None) -> str:
     return f"SGT rescues {c['rescue_count']:.0f}"
 
 
+def _receives_nothing(edges: dict | None, policy: str) -> bool:
+    """Whether an entry's named sharing edges leave ``policy`` without one into it: it then learns alone in that
+    entry, and its paired difference against the baseline is the runs' own variation (sampling paths, float
+    rounding), the floor a receiver's difference is read against."""
+    return bool(edges) and not any(edge.rsplit("->", 1)[-1] == policy for edge in edges)
+
+
 def _shapes_text(shapes: dict[str, float] | None, floor: float = 0.05) -> str:
     """The answers' shapes worth naming: the most common always, the next ones from ``floor`` of the answers; a
     shape sits in a code span, a ``|`` in it escaped for the table (GFM) and a backtick made a quote."""
@@ -175,9 +183,10 @@ def _shapes_text(shapes: dict[str, float] | None, floor: float = 0.05) -> str:
     return ", ".join(parts)
 
 
-def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
+def _detail_lines(entries: dict, policies: list[str], edges: dict | None = None) -> list[str]:
     """Per entry and policy: the per-problem paired difference, answer style at the start and at the end, and how
-    much sharing the runs did (an entry whose receiver trained < 1 rescue a step is "not exercised")."""
+    much sharing the runs did (an entry whose receiver trained < 1 rescue a step is "not exercised"; a policy no
+    edge of the entry reaches is named as learning alone, its paired difference the runs' noise)."""
     rows = [(e, p, per[p]) for e, per in entries.items() for p in policies if p in per]
     if not any(r.get("style") or r.get("per_problem_vs_baseline") or _shared(r.get("sharing")) for _, _, r in rows):
         return []
@@ -207,8 +216,11 @@ def _detail_lines(entries: dict, policies: list[str]) -> list[str]:
            "sharing per run (mean) |", "|---|---|---|---|---|---|"]
     for e, p, r in rows:
         st = r.get("style") or {}
+        sharing = _sharing_text(r.get("sharing"))
+        if sharing == "–" and _receives_nothing((edges or {}).get(e), p):
+            sharing = "receives nothing (no edge into it): its paired difference is the runs' own variation"
         out.append(f"| {e} | {p} | {problems(r.get('per_problem_vs_baseline'))} | {style(st.get('start'))} | "
-                   f"{style(st.get('final'))} | {_sharing_text(r.get('sharing'))} |")
+                   f"{style(st.get('final'))} | {sharing} |")
     return [*out, ""]
 
 
