@@ -68,6 +68,7 @@ def report_md(results: dict) -> str:
                   f"--jobs {'/'.join(map(str, c['jobs'])) or '–'}.", ""]
     for pair, entries in results["pairs"].items():
         policies = sorted({p for e in entries.values() for p in e})
+        edges = (results.get("edges_by_pair") or {}).get(pair)
         lines += [f"## {pair}", "",
                   "| entry | policy | final accuracy | gain | AUC | rollouts to target (×) | paired vs baseline |",
                   "|---|---|---|---|---|---|---|"]
@@ -87,8 +88,7 @@ def report_md(results: dict) -> str:
                           f"{p}: " + ", ".join(f"{prec} ({', '.join(runs)})" for prec, runs in v.items())
                           for p, v in mixed.items()) + ".", ""]
         lines += ["", *_efficiency_lines(results, entries), *_wall_lines(results, pair),
-                  *_detail_lines(entries, policies, (results.get("edges_by_pair") or {}).get(pair)),
-                  *_edge_lines((results.get("edges_by_pair") or {}).get(pair)),
+                  *_detail_lines(entries, policies, edges), *_edge_lines(edges),
                   *_example_lines(entries, policies)]
     links = results.get("tracking") or {}
     if links:
@@ -149,11 +149,11 @@ def _rescue_weight_text(c: dict) -> str:
     return text
 
 
-def _sharing_text(c: dict | None) -> str:
+def _sharing_text(c: dict | None, alone: bool = False) -> str:
     """One entry's sharing per run: SGT-R's hints, rescue samples and trained rescues (< 1 trained a step is "not
-    exercised"), or SGT's rescues."""
+    exercised"), or SGT's rescues; for a policy that learns ``alone`` in the entry, that its difference is noise."""
     if not _shared(c):
-        return "–"
+        return "receives nothing (no edge into it): its paired difference is the runs' own variation" if alone else "–"
     if c.get("rescue_samples"):
         note = "" if c["trained_per_step"] >= 1 else " — **not exercised** (< 1 trained rescue a step)"
         return (f"hints {c['hints_offered']:.0f} (gated out {c['hints_gated_out']:.0f}, masked "
@@ -216,9 +216,7 @@ def _detail_lines(entries: dict, policies: list[str], edges: dict | None = None)
            "sharing per run (mean) |", "|---|---|---|---|---|---|"]
     for e, p, r in rows:
         st = r.get("style") or {}
-        sharing = _sharing_text(r.get("sharing"))
-        if sharing == "–" and _receives_nothing((edges or {}).get(e), p):
-            sharing = "receives nothing (no edge into it): its paired difference is the runs' own variation"
+        sharing = _sharing_text(r.get("sharing"), _receives_nothing((edges or {}).get(e), p))
         out.append(f"| {e} | {p} | {problems(r.get('per_problem_vs_baseline'))} | {style(st.get('start'))} | "
                    f"{style(st.get('final'))} | {sharing} |")
     return [*out, ""]
