@@ -6,12 +6,15 @@ import json
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import mutualrl.app.embedded as embedded
+import mutualrl.runtime.disk_budget as disk_budget
 from mutualrl.app.resume_point import RESUME_FILE, config_fingerprint, save_resume_point
 from mutualrl.config import ConfigError, load_config
+from mutualrl.runtime.disk_budget import NotEnoughDisk
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["budget.steps=3", "budget.prompts_per_step=8", "eval.every=2", "eval.size=16", "sharing.mode=sgt",
@@ -53,6 +56,19 @@ def test_a_stopped_run_resumes_from_its_resume_point_and_ends_as_an_uninterrupte
     assert (out / RESUME_FILE).is_file() and not (out / "summary.json").exists()
     assert {s for _, s in _trained(out)} == {1, 2, 3}  # step 3 was written, and is past the resume point
     monkeypatch.setattr(embedded._Resumption, "after_step", after_step)
+
+    # started again on a disk without room for what it will write, it is refused before anything is evaluated or
+    # trained, and its directory keeps what it had: the records, the resume point
+    records = (out / "metrics.jsonl").read_text()
+    with monkeypatch.context() as full:
+        full.setattr(disk_budget.shutil, "disk_usage", lambda path: SimpleNamespace(total=1, used=1, free=0))
+        with pytest.raises(NotEnoughDisk) as refused:
+            embedded.run_embedded(cfg(), out)
+    assert (out / "metrics.jsonl").read_text() == records and (out / RESUME_FILE).is_file()
+    # what it said it needs (resumed: one copy of every learner's state) is what the whole run's final checkpoints
+    # took, to within the tokenizers and the files' own overhead
+    written = sum(f.stat().st_size for f in (tmp_path / "whole" / "checkpoints").rglob("*") if f.is_file())
+    assert 0.8 < refused.value.need / written < 1.25, (refused.value.need, written)
 
     import torch
 

@@ -30,6 +30,7 @@ from mutualrl.app.resume_point import (
 from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.cache import default_cache_dir
 from mutualrl.models.policy import PolicyArtifacts
+from mutualrl.runtime.disk_budget import check_room, learner_state_bytes, run_disk_need, size_text
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.exchange_setup import open_exchange
 from mutualrl.runtime.outputs import (
@@ -41,6 +42,7 @@ from mutualrl.runtime.outputs import (
     write_summary,
 )
 from mutualrl.runtime.policy_setup import (
+    PreparedPolicy,
     build_task_from_config,
     eval_log,
     evaluate,
@@ -127,6 +129,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
     registry = TokenizerRegistry()
     runtimes: list[PolicyRuntime] = []
     prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase, rep.warn) for i in range(len(cfg.policies))]
+    _check_disk(cfg, prepared, out_dir, resumed is not None)
     for pp in prepared:
         registry.register(pp.arts.fingerprint, pp.arts.tokenizer)
     for pp in prepared:
@@ -154,6 +157,17 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
         runtimes.append(PolicyRuntime(p.name, arts, worker, learner, loop, engine, ws_acc, pp.warm_steps, pass_rate,
                                       precision=pp.precision.name))
     return runtimes
+
+
+def _check_disk(cfg: ExperimentConfig, prepared: list[PreparedPolicy], out_dir: Path, resumed: bool) -> None:
+    """Refuse, before any evaluation or step, a run whose directory's disk cannot hold its final checkpoints and
+    resume points (mutualrl.runtime.disk_budget)."""
+    state = sum(learner_state_bytes(pp.arts.model, 2 if pp.config.optim.state_dtype == "bfloat16" else None)
+                for pp in prepared)
+    need = run_disk_need(state, cfg.checkpoint.resume_every, cfg.budget.steps, resumed)
+    points = " and resume points" if cfg.checkpoint.resume_every else ""
+    check_room(out_dir, need, f"the final checkpoints{points} of {len(prepared)} policies' learners (weights and "
+               f"optimiser state, {size_text(state)} a copy)")
 
 
 def _sample_ahead(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor, step: int,
@@ -310,9 +324,7 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     out_dir.mkdir(parents=True, exist_ok=True)
     resumption = _Resumption(cfg, out_dir, started)
     metrics_path = out_dir / "metrics.jsonl"
-    kept = resumption.records_so_far()
-    metrics_path.write_text("")
-    writer = MetricsWriter(metrics_path)
+    kept = resumption.records_so_far()  # metrics.jsonl holds them until they are written again below
     cache = cache_dir or default_cache_dir()
 
     rep.phase(f"building task {cfg.task.name}")
@@ -342,6 +354,10 @@ def _run(cfg: ExperimentConfig, out_dir: Path, reporter: Reporter | None, cache_
     resumption.restore(runtimes, followers)
     distributor = PromptDistributor(task.train, cfg.budget.prompts_per_step, seed=cfg.seed)
     group, once = new_group(), WarnOnce(rep.warn)
+    # from here the run writes: a resumed one's records so far go in again first (an error before this point, a
+    # model that fails to load or a disk too small, leaves metrics.jsonl as it was)
+    metrics_path.write_text("")
+    writer = MetricsWriter(metrics_path)
     sink = RecordSink(writer, {rt.name: open_tracker(cfg.tracking, run_info(cfg, rt.name, group, out_dir), once)
                                for rt in runtimes})
     if "tensorboard" in cfg.tracking.backends:

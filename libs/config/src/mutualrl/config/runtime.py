@@ -60,7 +60,9 @@ class CheckpointConfig(_Strict):
                               "resume point of every policy (weights, optimiser, counters, random state) every K "
                               "steps, 0 for none. Started again on the same --out with the same config, the run "
                               "goes on from the newest one instead of step 1; it is removed once the run finished. "
-                              "About 12 bytes per parameter (fp32 weights and AdamW), written in one atomic file.")
+                              "About 12 bytes per parameter (fp32 weights and AdamW), written in one atomic file: "
+                              "the run checks for room for it, a new one beside it and the final checkpoints "
+                              "before it trains.")
 
 
 class WeightsConfig(_Strict):

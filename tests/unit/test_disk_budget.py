@@ -1,0 +1,67 @@
+"""What a run writes to disk, estimated before it trains (mutualrl.runtime.disk_budget), against hand-counted bytes
+and the real disk under the test's directory."""
+
+import pickle
+
+import pytest
+import torch
+
+from mutualrl.config import ConfigError
+from mutualrl.runtime.disk_budget import (
+    NotEnoughDisk,
+    check_room,
+    free_bytes,
+    learner_state_bytes,
+    run_disk_need,
+    size_text,
+)
+
+
+def _model() -> torch.nn.Module:
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 4, bias=False))  # 8 + 8 parameters
+    m[1].weight.requires_grad_(False)  # frozen: no moments
+    return m
+
+
+def test_state_counts_weights_and_two_moments_per_trained_parameter():
+    # fp32: 16 weights × 4 bytes, and 8 trained × 2 moments × 4 bytes
+    assert learner_state_bytes(_model()) == 16 * 4 + 8 * 2 * 4
+    assert learner_state_bytes(_model(), moment_bytes=2) == 16 * 4 + 8 * 2 * 2  # optim.state_dtype: bfloat16
+    assert learner_state_bytes(_model().to(torch.bfloat16)) == 16 * 2 + 8 * 2 * 2  # moments in the weights' dtype
+
+
+def test_a_tied_parameter_is_counted_once():
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    assert learner_state_bytes(torch.nn.ModuleList([emb, head])) == 40 * 12
+
+
+def test_the_disk_need_is_one_copy_of_the_state_per_file_alive_at_once():
+    state = 1000
+    assert run_disk_need(state, resume_every=0, steps=20, resumed=False) == 1000  # the final checkpoints only
+    assert run_disk_need(state, resume_every=2, steps=20, resumed=False) == 2000  # old and new resume point
+    assert run_disk_need(state, resume_every=20, steps=20, resumed=False) == 1000  # none before the last step
+    assert run_disk_need(state, resume_every=2, steps=20, resumed=True) == 1000  # one resume point is on disk
+
+
+def test_sizes_read_in_the_unit_that_shows_them():
+    assert size_text(3 * 2**30) == "3.0 GiB"
+    assert size_text(5 * 2**20) == "5.0 MiB"
+
+
+def test_a_run_directory_that_does_not_exist_yet_is_measured_on_its_parent(tmp_path):
+    assert free_bytes(tmp_path / "runs" / "a" / "seed0") == free_bytes(tmp_path) > 0
+
+
+def test_a_disk_too_small_is_refused_with_what_is_needed_and_free(tmp_path):
+    check_room(tmp_path, 1, "a byte")  # room: nothing raised
+    need = free_bytes(tmp_path) + 2**40
+    with pytest.raises(NotEnoughDisk) as err:
+        check_room(tmp_path / "run", need, "the final checkpoints of 2 policies")
+    e = err.value
+    assert isinstance(e, ConfigError)  # the CLI prints it as one line, as it prints a bad config
+    assert e.need == need and 0 < e.free < need
+    assert str(tmp_path / "run") in str(e) and size_text(need) in str(e) and "checkpoint.resume_every: 0" in str(e)
+    again = pickle.loads(pickle.dumps(e))  # from a `compare --jobs N` worker process
+    assert (str(again), again.need, again.free) == (str(e), e.need, e.free)
