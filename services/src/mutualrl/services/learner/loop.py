@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from mutualrl.models.sharding import full_state_dict
+from mutualrl.runtime.disk_budget import free_bytes
 from mutualrl.runtime.faults import fault_point
 from mutualrl.services.learner.learner import Learner
 from mutualrl.services.learner.step_record import SampledStep, StepRecord
@@ -79,7 +79,7 @@ def save_state(path: Path, state: dict, step: int, policy: str = "") -> None:
             os.fsync(f.fileno())
     except (OSError, RuntimeError) as err:
         tmp.unlink(missing_ok=True)
-        free = shutil.disk_usage(path.parent).free / 2**30
+        free = free_bytes(path.parent) / 2**30
         raise OSError(f"could not write the checkpoint of {policy or 'the learner'} at step {step} to {path} "
                       f"({free:.1f} GiB free on that disk): {err}") from err
     fault_point("during_checkpoint", step, path.parent, policy)  # written, not yet in place
