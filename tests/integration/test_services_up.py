@@ -134,6 +134,37 @@ def test_two_policies_three_steps_over_processes(tmp_path):
     # the same summary as `mutualrl run`: rollouts counted, rejections by reason
     for name in ("llama-char", "qwen-bpe"):
         assert summary[name]["rollouts"] == 4 * 16 * 8 and isinstance(summary[name]["peer_rejections"], dict)
+    # what `up` checks the disk for, one copy of each learner's state, is what each learner wrote twice: its state
+    # file and its final checkpoint (to within the ledger, the records and the tokenizer)
+    from transformers import AutoModelForCausalLM
+
+    from mutualrl.runtime.disk_budget import learner_state_bytes
+
+    for name in ("llama-char", "qwen-bpe"):
+        copy = learner_state_bytes(AutoModelForCausalLM.from_pretrained(out / "checkpoints" / name))
+        final = sum(f.stat().st_size for f in (out / "checkpoints" / name).rglob("*") if f.is_file())
+        state_file = (out / "services" / f"{name}.learner.state.pt").stat().st_size
+        assert 0.8 < copy / final < 1.25 and 0.8 < copy / state_file < 1.25, (name, copy, final, state_file)
+
+
+def test_up_refuses_a_disk_without_room_before_any_service_starts(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from mutualrl.app.launcher import run_services
+    from mutualrl.config import load_config
+    from mutualrl.runtime import disk_budget
+
+    cfg = load_config(ROOT / "examples" / "demo.yaml", [b.format(steps=2) for b in BASE])
+    out = tmp_path / "run"
+    monkeypatch.setattr(disk_budget.shutil, "disk_usage", lambda path: SimpleNamespace(total=1, used=1, free=0))
+    with pytest.raises(disk_budget.NotEnoughDisk) as refused:
+        run_services(cfg, out, echo=lambda line: None)
+    # refused once the first policy was loaded: two copies of its learner's state (state file and final checkpoint)
+    assert "learner state files and final checkpoints of llama-char (" in str(refused.value)
+    assert "state.size" in str(refused.value) and refused.value.need > 0
+    # nothing started: no Redis, no service, no record
+    assert not (out / "services.json").exists() and not (out / "logs").exists()
+    assert not (out / "metrics.jsonl").exists()
 
 
 def test_killed_learner_is_restarted_and_resumes_without_losing_or_double_counting(tmp_path):

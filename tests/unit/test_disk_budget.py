@@ -2,17 +2,21 @@
 and the real disk under the test's directory."""
 
 import pickle
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mutualrl.config import ConfigError
 from mutualrl.runtime.disk_budget import (
+    SERVICE_REMEDY,
     NotEnoughDisk,
     check_room,
     free_bytes,
     learner_state_bytes,
+    moment_bytes,
     run_disk_need,
+    service_disk_need,
     size_text,
 )
 
@@ -43,6 +47,31 @@ def test_the_disk_need_is_one_copy_of_the_state_per_file_alive_at_once():
     assert run_disk_need(state, resume_every=2, steps=20, resumed=False) == 2000  # old and new resume point
     assert run_disk_need(state, resume_every=20, steps=20, resumed=False) == 1000  # none before the last step
     assert run_disk_need(state, resume_every=2, steps=20, resumed=True) == 1000  # one resume point is on disk
+
+
+def test_a_learner_service_needs_two_copies_whatever_its_checkpoint_interval():
+    # its state file is written at the last step too, and the final checkpoint beside it
+    assert service_disk_need(1000, resumed=False) == 2000
+    assert service_disk_need(1000, resumed=True) == 1000  # its state file is on disk already
+    assert moment_bytes("bfloat16") == 2 and moment_bytes("float32") is None
+
+
+def test_a_learner_service_refuses_a_disk_too_small_before_it_trains(tmp_path, monkeypatch):
+    from mutualrl.runtime import disk_budget
+    from mutualrl.services.learner.service import _check_disk
+
+    pp = SimpleNamespace(config=SimpleNamespace(name="smol", optim=SimpleNamespace(state_dtype="bfloat16")),
+                         arts=SimpleNamespace(model=_model()))
+    state = 16 * 4 + 8 * 2 * 2
+    _check_disk(tmp_path, pp, resumed=False)  # the real disk has room
+    monkeypatch.setattr(disk_budget.shutil, "disk_usage", lambda path: SimpleNamespace(total=1, used=1, free=0))
+    for resumed, copies in ((False, 2), (True, 1)):
+        with pytest.raises(NotEnoughDisk) as err:
+            _check_disk(tmp_path, pp, resumed=resumed)
+        assert err.value.need == copies * state and err.value.free == 0
+        # what to do for a service: its checkpoints cannot be switched off (they are how it resumes)
+        assert "smol's learner" in str(err.value) and SERVICE_REMEDY in str(err.value)
+        assert "resume_every" not in str(err.value)
 
 
 def test_sizes_read_in_the_unit_that_shows_them():

@@ -30,7 +30,7 @@ from mutualrl.app.resume_point import (
 from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.cache import default_cache_dir
 from mutualrl.models.policy import PolicyArtifacts
-from mutualrl.runtime.disk_budget import check_room, learner_state_bytes, run_disk_need, size_text
+from mutualrl.runtime.disk_budget import check_room, learner_state_bytes, moment_bytes, run_disk_need, size_text
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.exchange_setup import open_exchange
 from mutualrl.runtime.outputs import (
@@ -162,8 +162,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
 def _check_disk(cfg: ExperimentConfig, prepared: list[PreparedPolicy], out_dir: Path, resumed: bool) -> None:
     """Refuse, before any evaluation or step, a run whose directory's disk cannot hold its final checkpoints and
     resume points (mutualrl.runtime.disk_budget)."""
-    state = sum(learner_state_bytes(pp.arts.model, 2 if pp.config.optim.state_dtype == "bfloat16" else None)
-                for pp in prepared)
+    state = sum(learner_state_bytes(pp.arts.model, moment_bytes(pp.config.optim.state_dtype)) for pp in prepared)
     need = run_disk_need(state, cfg.checkpoint.resume_every, cfg.budget.steps, resumed)
     points = " and resume points" if cfg.checkpoint.resume_every else ""
     check_room(out_dir, need, f"the final checkpoints{points} of {len(prepared)} policies' learners (weights and "

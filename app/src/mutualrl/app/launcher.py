@@ -26,6 +26,14 @@ from typing import Callable
 
 from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.cache import default_cache_dir
+from mutualrl.runtime.disk_budget import (
+    SERVICE_REMEDY,
+    check_room,
+    learner_state_bytes,
+    moment_bytes,
+    service_disk_need,
+    size_text,
+)
 from mutualrl.runtime.exchange_setup import (
     REDIS_PASSWORD_ENV,
     REDIS_USERNAME_ENV,
@@ -99,6 +107,7 @@ class Supervisor:
         self.identities: dict[str, ServiceUser] = {}  # service -> its Redis user (when `up` runs Redis)
         self.run_key: str | None = None  # each service gets only the signing keys derived from it that it needs
         self.acl_dir: Path | None = None
+        self.state_bytes: dict[str, int] = {}  # each policy's learner state, one copy (prepare measures it)
         self._stopping = threading.Event()
 
     # ---- setup -----------------------------------------------------------
@@ -134,12 +143,25 @@ class Supervisor:
         out = {}
         for i, p in enumerate(cfg.policies):
             pp = prepare_policy(cfg, i, task, verifier, cache, lambda s: self.echo(f"[up] {s}"))
+            self.state_bytes[p.name] = learner_state_bytes(pp.arts.model, moment_bytes(p.optim.state_dtype))
+            self.check_disk()  # the policies loaded so far: a disk too small for the first is refused at once
             out[p.name] = (evaluate(pp, pp.arts.model, task, verifier, cfg, eval_log(self.out, p.name), 0),
                            pp.warm_steps, pp.arts.source,
                            pp.arts.num_params, pass_rate_before_rl(pp, task, verifier, cfg, self.echo))
             del pp  # one policy's model in this process at a time
             return_freed_memory(collect=True)  # and its pages back to the services this process starts next
         return out
+
+    def check_disk(self) -> None:
+        """Refuse, before any service starts, a run directory whose disk cannot hold what the learner services
+        will write there: each one's state files and final checkpoint (mutualrl.runtime.disk_budget; a learner
+        service checks its own share again when it starts, as it does under Helm or compose)."""
+        services = self.out / "services"
+        need = sum(service_disk_need(b, resumed=(services / f"{name}.learner.state.pt").is_file())
+                   for name, b in self.state_bytes.items())
+        check_room(self.out, need, f"the learner state files and final checkpoints of {', '.join(self.state_bytes)} "
+                   f"(weights and optimiser state, {size_text(sum(self.state_bytes.values()))} a copy)",
+                   SERVICE_REMEDY)
 
     def start(self) -> None:
         """Start Redis (with one ACL user per service) and every service, then write ``services.json``."""

@@ -43,6 +43,20 @@ def learner_state_bytes(model: torch.nn.Module, moment_bytes: int | None = None)
     return total
 
 
+def moment_bytes(state_dtype: str) -> int | None:
+    """A moment's element size for ``optim.state_dtype`` (None: the parameter's own, for float32)."""
+    return 2 if state_dtype == "bfloat16" else None
+
+
+def service_disk_need(state_bytes: int, resumed: bool) -> int:
+    """The most one learner service adds to its run's directory at once, given its learner's state.
+
+    A service writes its state file at every ``checkpoint.every`` steps *and at the last step*, each one whole
+    beside the one before, and then the final checkpoint beside the last state file: two copies at once, whatever
+    ``checkpoint.every`` is. A resumed service's state file is on disk already, so it adds one copy."""
+    return state_bytes if resumed else 2 * state_bytes
+
+
 def run_disk_need(state_bytes: int, resume_every: int, steps: int, resumed: bool) -> int:
     """The most a run adds to its directory at once, given its learners' state (``state_bytes``, all policies).
 
@@ -69,12 +83,19 @@ def free_bytes(directory: Path) -> int:
     return shutil.disk_usage(d).free
 
 
-def check_room(directory: Path, need: int, what: str) -> None:
+RUN_REMEDY = ("Free space (a finished run's checkpoints/ folder: reports read only its records), give --out on "
+              "another disk, or set checkpoint.resume_every: 0 to write no resume points")
+"""What to do, for `mutualrl run` and `compare` (an embedded run)."""
+
+SERVICE_REMEDY = ("Free space (a finished run's checkpoints/ folder), give --out on another disk, or (Helm) "
+                  "a larger state.size")
+"""What to do, for `mutualrl up` and a learner service: its checkpoints are how it resumes, so none can be left out."""
+
+
+def check_room(directory: Path, need: int, what: str, remedy: str = RUN_REMEDY) -> None:
     """Raise :class:`NotEnoughDisk` when ``directory``'s disk has less than ``need`` bytes free; ``what`` says what
-    the bytes are for."""
+    the bytes are for, ``remedy`` what to do."""
     free = free_bytes(directory)
     if free < need:
-        raise NotEnoughDisk(
-            f"{directory} needs {size_text(need)} free for {what}; its disk has {size_text(free)}. Free space (a "
-            "finished run's checkpoints/ folder: reports read only its records), give --out on another disk, or "
-            "set checkpoint.resume_every: 0 to write no resume points", need, free)
+        raise NotEnoughDisk(f"{directory} needs {size_text(need)} free for {what}; its disk has {size_text(free)}. "
+                            f"{remedy}", need, free)

@@ -11,10 +11,19 @@ weights versions after the newest it announced.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch.distributed as dist
 
 from mutualrl.models.sharding import shard_policy
+from mutualrl.runtime.disk_budget import (
+    SERVICE_REMEDY,
+    check_room,
+    learner_state_bytes,
+    moment_bytes,
+    service_disk_need,
+    size_text,
+)
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.http_endpoints import OpsServer
 from mutualrl.runtime.outputs import save_checkpoint
@@ -81,13 +90,14 @@ class LearnerService:
                                            shard=_shard_fn(cfg, p) if ranks else None,
                                            device=rank_device(p, 0) if ranks else None)
         self.learner = learner
+        state_path = ctx.state_dir / f"{p.name}.learner.state.pt"
+        _check_disk(ctx.state_dir, self.pp, resumed=state_path.is_file())
         evals = eval_log(args.out_dir, p.name)
         pp = self.pp
         self.loop = LearnerLoop(learner,
                                 lambda model, step: evaluate(pp, model, ctx.task, ctx.verifier, cfg, evals, step),
                                 steps=cfg.budget.steps, eval_every=cfg.eval_every(p.name),
-                                checkpoints=Checkpoints(ctx.state_dir / f"{p.name}.learner.state.pt",
-                                                        cfg.checkpoint.every),
+                                checkpoints=Checkpoints(state_path, cfg.checkpoint.every),
                                 lockstep=ranks)
         collective = cfg.weights.transport == "collective"  # a broadcast version can be missed, one on disk cannot
         # a version in shared memory does not outlive the learner: a restarted learner's versions are sent again
@@ -249,6 +259,18 @@ def _finish(args: ServiceArgs, ctx: ServiceContext, loop: LearnerLoop, pp, learn
     done = {"step": cfg.budget.steps, "totals": dict(learner.totals)}
     (ctx.state_dir / f"{p.name}.learner.done").write_text(json.dumps(done))
     log.info("budget done")
+
+
+def _check_disk(state_dir: Path, pp, resumed: bool) -> None:
+    """Refuse to start a learner whose disk cannot hold its state files and final checkpoint (two copies of its
+    weights and optimiser state at once; one more once resumed): found out at a checkpoint instead, the steps
+    since the last one are lost, and a restarted service would fail at the same point again
+    (mutualrl.runtime.disk_budget)."""
+    p = pp.config
+    state = learner_state_bytes(pp.arts.model, moment_bytes(p.optim.state_dtype))
+    check_room(state_dir, service_disk_need(state, resumed),
+               f"{p.name}'s learner {'state file' if resumed else 'state files'} and final checkpoint (weights and "
+               f"optimiser state, {size_text(state)} a copy)", SERVICE_REMEDY)
 
 
 def _resume(loop: LearnerLoop, ctx: ServiceContext, log, republish: bool) -> int:
