@@ -2,6 +2,7 @@
 and the real disk under the test's directory."""
 
 import pickle
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,9 +16,11 @@ from mutualrl.runtime.disk_budget import (
     free_bytes,
     learner_state_bytes,
     moment_bytes,
+    parameter_bytes,
     run_disk_need,
     service_disk_need,
     size_text,
+    weight_store_need,
 )
 
 
@@ -72,6 +75,69 @@ def test_a_learner_service_refuses_a_disk_too_small_before_it_trains(tmp_path, m
         # what to do for a service: its checkpoints cannot be switched off (they are how it resumes)
         assert "smol's learner" in str(err.value) and SERVICE_REMEDY in str(err.value)
         assert "resume_every" not in str(err.value)
+
+
+def test_a_weights_version_is_the_parameters_once_and_the_store_keeps_two_beside_the_one_written():
+    assert parameter_bytes(_model()) == 16 * 4  # frozen or not: every weight goes to the engine
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    assert parameter_bytes(torch.nn.ModuleList([emb, head])) == 40 * 4
+    assert weight_store_need(100, keep=2, resumed=False) == 300
+    assert weight_store_need(100, keep=2, resumed=True) == 100  # its kept versions are on disk already
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _full(monkeypatch):
+    from mutualrl.runtime import disk_budget
+
+    monkeypatch.setattr(disk_budget.shutil, "disk_usage", lambda path: SimpleNamespace(total=1, used=1, free=0))
+
+
+def test_a_run_counts_the_weights_versions_it_writes_to_disk_for_engines(tmp_path, monkeypatch):
+    from mutualrl.app.embedded import _check_disk
+    from mutualrl.config import load_config
+    from mutualrl.weights.store import WeightStore
+
+    # in-process engines that do not sample the learner's own module (as beside a server engine, whose run keeps
+    # every version in <out>/weights); a plain run keeps them in memory (no root)
+    cfg = load_config(ROOT / "examples" / "demo.yaml", ["weights.share_in_process=false", "checkpoint.resume_every=0"])
+    prepared = [SimpleNamespace(config=p, arts=SimpleNamespace(model=_model())) for p in cfg.policies]
+    state, weights = 2 * (16 * 4 + 8 * 2 * 4), 2 * 16 * 4
+    _full(monkeypatch)
+    with pytest.raises(NotEnoughDisk) as on_disk:
+        _check_disk(cfg, prepared, tmp_path, False, WeightStore(tmp_path / "weights"))
+    assert on_disk.value.need == state + 3 * weights and "weights versions engines read" in str(on_disk.value)
+    with pytest.raises(NotEnoughDisk) as in_memory:
+        _check_disk(cfg, prepared, tmp_path, False, WeightStore())
+    assert in_memory.value.need == state and "weights versions" not in str(in_memory.value)
+    shared = cfg.model_copy(update={"weights": cfg.weights.model_copy(update={"share_in_process": True})})
+    with pytest.raises(NotEnoughDisk) as one_module:  # sampled from the learner's module: no version is written
+        _check_disk(shared, prepared, tmp_path, False, WeightStore(tmp_path / "weights"))
+    assert one_module.value.need == state
+
+
+def test_up_counts_each_learners_checkpoints_and_the_versions_it_publishes(tmp_path, monkeypatch):
+    from mutualrl.app.launcher import Supervisor
+    from mutualrl.config import load_config
+
+    sup = Supervisor(load_config(ROOT / "examples" / "demo.yaml"), tmp_path)
+    sup.state_bytes, sup.weights_bytes = {"a": 1200, "b": 600}, {"a": 400, "b": 200}
+    sup.check_disk(weights=True)  # the real disk has room
+    _full(monkeypatch)
+    with pytest.raises(NotEnoughDisk) as fresh:
+        sup.check_disk()  # while the policies load: the checkpoints only
+    assert fresh.value.need == 2 * 1800 and "of a, b (" in str(fresh.value) and SERVICE_REMEDY in str(fresh.value)
+    with pytest.raises(NotEnoughDisk) as with_versions:
+        sup.check_disk(weights=True)
+    assert with_versions.value.need == 2 * 1800 + 3 * 600
+    (tmp_path / "services").mkdir()
+    (tmp_path / "services" / "a.learner.state.pt").write_bytes(b"")  # a's learner resumes: one copy more of it
+    with pytest.raises(NotEnoughDisk) as resumed:
+        sup.check_disk(weights=True)
+    assert resumed.value.need == 1200 + 400 + 2 * 600 + 3 * 200
 
 
 def test_sizes_read_in_the_unit_that_shows_them():

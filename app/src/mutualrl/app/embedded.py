@@ -30,7 +30,15 @@ from mutualrl.app.resume_point import (
 from mutualrl.config import ConfigError, ExperimentConfig, dump_config
 from mutualrl.models.cache import default_cache_dir
 from mutualrl.models.policy import PolicyArtifacts
-from mutualrl.runtime.disk_budget import check_room, learner_state_bytes, moment_bytes, run_disk_need, size_text
+from mutualrl.runtime.disk_budget import (
+    check_room,
+    learner_state_bytes,
+    moment_bytes,
+    parameter_bytes,
+    run_disk_need,
+    size_text,
+    weight_store_need,
+)
 from mutualrl.runtime.distributor import PromptDistributor
 from mutualrl.runtime.exchange_setup import open_exchange
 from mutualrl.runtime.outputs import (
@@ -129,7 +137,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
     registry = TokenizerRegistry()
     runtimes: list[PolicyRuntime] = []
     prepared = [prepare_policy(cfg, i, task, verifier, cache, rep.phase, rep.warn) for i in range(len(cfg.policies))]
-    _check_disk(cfg, prepared, out_dir, resumed is not None)
+    _check_disk(cfg, prepared, out_dir, resumed is not None, store)
     for pp in prepared:
         registry.register(pp.arts.fingerprint, pp.arts.tokenizer)
     for pp in prepared:
@@ -143,7 +151,7 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
                 rep.phase(f"[{p.name}] sampling its pass rate before RL")
             pass_rate = pass_rate_before_rl(pp, task, verifier, cfg, rep.warn)
         # synchronous and in-process: the engine samples the learner's own module (mutualrl.weights.shared)
-        share = p.engine.facts.in_process and cfg.async_.max_staleness == 0 and cfg.weights.share_in_process
+        share = _shares_module(cfg, p)
         with _engine_errors(p.name):
             engine = build_engine(p.engine, arts.model, arts.tokenizer, store, p.model.path or arts.source,
                                   share=share, precision=pp.precision)
@@ -159,14 +167,27 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
     return runtimes
 
 
-def _check_disk(cfg: ExperimentConfig, prepared: list[PreparedPolicy], out_dir: Path, resumed: bool) -> None:
+def _shares_module(cfg: ExperimentConfig, p) -> bool:
+    """Whether policy ``p``'s engine samples its learner's own module (mutualrl.weights.shared): in-process and
+    synchronous, so no weights version is copied or written."""
+    return p.engine.facts.in_process and cfg.async_.max_staleness == 0 and cfg.weights.share_in_process
+
+
+def _check_disk(cfg: ExperimentConfig, prepared: list[PreparedPolicy], out_dir: Path, resumed: bool,
+                store: WeightStore) -> None:
     """Refuse, before any evaluation or step, a run whose directory's disk cannot hold its final checkpoints and
-    resume points (mutualrl.runtime.disk_budget)."""
+    resume points, and the weights versions it writes for server engines (mutualrl.runtime.disk_budget)."""
     state = sum(learner_state_bytes(pp.arts.model, moment_bytes(pp.config.optim.state_dtype)) for pp in prepared)
     need = run_disk_need(state, cfg.checkpoint.resume_every, cfg.budget.steps, resumed)
     points = " and resume points" if cfg.checkpoint.resume_every else ""
-    check_room(out_dir, need, f"the final checkpoints{points} of {len(prepared)} policies' learners (weights and "
-               f"optimiser state, {size_text(state)} a copy)")
+    what = (f"the final checkpoints{points} of {len(prepared)} policies' learners (weights and optimiser state, "
+            f"{size_text(state)} a copy)")
+    written = [pp for pp in prepared if store.root is not None and not _shares_module(cfg, pp.config)]
+    if written:  # server engines read every version from disk (in-process ones then too)
+        weights = sum(parameter_bytes(pp.arts.model) for pp in written)
+        need += weight_store_need(weights, store.keep, resumed)
+        what += f" and the weights versions engines read ({size_text(weights)} a version)"
+    check_room(out_dir, need, what)
 
 
 def _sample_ahead(cfg: ExperimentConfig, runtimes: list[PolicyRuntime], distributor: PromptDistributor, step: int,

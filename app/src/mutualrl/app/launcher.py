@@ -31,8 +31,10 @@ from mutualrl.runtime.disk_budget import (
     check_room,
     learner_state_bytes,
     moment_bytes,
+    parameter_bytes,
     service_disk_need,
     size_text,
+    weight_store_need,
 )
 from mutualrl.runtime.exchange_setup import (
     REDIS_PASSWORD_ENV,
@@ -62,6 +64,7 @@ from mutualrl.services.mwra.local import LocalPlan, plan_local
 from mutualrl.services.mwra.planner import PlanningError
 from mutualrl.weights.groups import resolve_backend
 from mutualrl.weights.shm import reclaim, run_tag
+from mutualrl.weights.store import KEEP_VERSIONS
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Supervisor:
         self.run_key: str | None = None  # each service gets only the signing keys derived from it that it needs
         self.acl_dir: Path | None = None
         self.state_bytes: dict[str, int] = {}  # each policy's learner state, one copy (prepare measures it)
+        self.weights_bytes: dict[str, int] = {}  # and one weights version of it
         self._stopping = threading.Event()
 
     # ---- setup -----------------------------------------------------------
@@ -144,6 +148,7 @@ class Supervisor:
         for i, p in enumerate(cfg.policies):
             pp = prepare_policy(cfg, i, task, verifier, cache, lambda s: self.echo(f"[up] {s}"))
             self.state_bytes[p.name] = learner_state_bytes(pp.arts.model, moment_bytes(p.optim.state_dtype))
+            self.weights_bytes[p.name] = parameter_bytes(pp.arts.model)
             self.check_disk()  # the policies loaded so far: a disk too small for the first is refused at once
             out[p.name] = (evaluate(pp, pp.arts.model, task, verifier, cfg, eval_log(self.out, p.name), 0),
                            pp.warm_steps, pp.arts.source,
@@ -152,16 +157,21 @@ class Supervisor:
             return_freed_memory(collect=True)  # and its pages back to the services this process starts next
         return out
 
-    def check_disk(self) -> None:
-        """Refuse, before any service starts, a run directory whose disk cannot hold what the learner services
-        will write there: each one's state files and final checkpoint (mutualrl.runtime.disk_budget; a learner
-        service checks its own share again when it starts, as it does under Helm or compose)."""
-        services = self.out / "services"
-        need = sum(service_disk_need(b, resumed=(services / f"{name}.learner.state.pt").is_file())
-                   for name, b in self.state_bytes.items())
-        check_room(self.out, need, f"the learner state files and final checkpoints of {', '.join(self.state_bytes)} "
-                   f"(weights and optimiser state, {size_text(sum(self.state_bytes.values()))} a copy)",
-                   SERVICE_REMEDY)
+    def check_disk(self, weights: bool = False) -> None:
+        """Refuse, before any service starts, a run directory whose disk cannot hold what the services will write
+        there: each learner's state files and final checkpoint, and (``weights``: the filesystem transport) the
+        versions in ``<out>/weights`` (mutualrl.runtime.disk_budget; a learner service checks its own share again
+        when it starts, as it does under Helm or compose). Called as each policy is loaded, before the transport is
+        chosen, and once it is."""
+        services, names = self.out / "services", list(self.state_bytes)
+        resumed = {name: (services / f"{name}.learner.state.pt").is_file() for name in names}
+        need = sum(service_disk_need(self.state_bytes[n], resumed[n]) for n in names)
+        what = (f"the learner state files and final checkpoints of {', '.join(names)} (weights and optimiser state, "
+                f"{size_text(sum(self.state_bytes.values()))} a copy)")
+        if weights:
+            need += sum(weight_store_need(self.weights_bytes[n], KEEP_VERSIONS, resumed[n]) for n in names)
+            what += f" and their weights versions ({size_text(sum(self.weights_bytes.values()))} a version)"
+        check_room(self.out, need, what, SERVICE_REMEDY)
 
     def start(self) -> None:
         """Start Redis (with one ACL user per service) and every service, then write ``services.json``."""
@@ -450,6 +460,8 @@ def run_services(cfg: ExperimentConfig, out: Path, echo: Callable[[str], None] =
         cfg = sup.cfg = _weights_deltas(_weights_transport(cfg, {name: v[3] for name, v in starts.items()}, echo),
                                         echo)
         dump_config(cfg, out / "config.yaml")  # again: building the task resolved what the file left open
+        # whole versions on disk (a delta's size depends on the step: left out)
+        sup.check_disk(weights=cfg.weights.transport == "filesystem" and cfg.weights.deltas == "off")
         sup.start()
         rc = sup.supervise()
     finally:

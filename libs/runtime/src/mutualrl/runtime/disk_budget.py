@@ -43,6 +43,18 @@ def learner_state_bytes(model: torch.nn.Module, moment_bytes: int | None = None)
     return total
 
 
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters as a weights version holds them (a tied head once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def weight_store_need(weights_bytes: int, keep: int, resumed: bool) -> int:
+    """The most a policy's versions add to the filesystem weight store at once: the ``keep`` newest ones an engine
+    may still load, and the one being written before the older ones go. A resumed run's store holds its kept
+    versions already, so it adds the one being written."""
+    return weights_bytes if resumed else (keep + 1) * weights_bytes
+
+
 def moment_bytes(state_dtype: str) -> int | None:
     """A moment's element size for ``optim.state_dtype`` (None: the parameter's own, for float32)."""
     return 2 if state_dtype == "bfloat16" else None

@@ -30,11 +30,16 @@ def verify_checksum(uri: str, checksum: str) -> None:
         raise ValueError(f"checksum mismatch for {uri}")
 
 
+KEEP_VERSIONS = 2
+"""Versions of a policy the filesystem store keeps once an engine serves a newer one (an engine still loading one, a
+rollout still sampling with it)."""
+
+
 class WeightStore:
     """The ``filesystem`` weight transport: versioned, checksummed checkpoints that learners
     publish and rollout engines load. A version's integrity is checked on its first read with a
     checksum; later reads of the same version and file skip the hash (at 7B it is ~15 GB)."""
-    def __init__(self, root: str | Path | None = None, keep: int = 2):
+    def __init__(self, root: str | Path | None = None, keep: int = KEEP_VERSIONS):
         self.root = Path(root) if root else None
         self.keep = keep
         self._mem: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
