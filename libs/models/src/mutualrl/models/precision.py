@@ -106,10 +106,16 @@ def resolve_precision(setting: str, *, pretrained: bool, device: str, cpuinfo: s
 
 
 def _slow_bf16_warning(setting: str, device: str, cpuinfo: str | None) -> str:
-    """Why a bf16 precision set in the config will crawl here, or "": a CPU without AVX-512 BF16 or AMX
-    emulates bf16 matmuls (~100x slower than fp32), which a run otherwise only shows as very long steps."""
+    """Why a bf16 precision set in the config will be slow here, or "": a CPU without AVX-512 BF16 or AMX emulates
+    bf16 matmuls, which a run otherwise only shows as long steps. How slow depends on the vector unit (measured on
+    pair A, docs/results/real/sgt-r/README.md): with AVX-512 a bf16 matmul runs at ~1/3 of fp32's speed and a run
+    took ~1.4x as long as on AVX-512 BF16; on an AVX2-only CPU SmolLM2's first step took 413 s against 21 s."""
     if setting not in ("bf16-mixed", "bfloat16") or not device.startswith("cpu"):
         return ""
     fast, reason = device_has_fast_bf16(device, cpuinfo)
-    return "" if fast else (f"model.dtype {setting} on a {reason}: expect steps many times slower than float32 "
-                            f"(model.dtype float32, or auto, which picks float32 here)")
+    if fast:
+        return ""
+    cost = ("expect steps a few times slower than float32's on this CPU (its AVX-512 emulates bf16 at ~1/3 of "
+            "float32's matmul speed)" if "avx512f" in cpu_flags(cpuinfo) else
+            "expect steps many times slower than float32 (~20x those of a CPU with AVX-512 BF16)")
+    return f"model.dtype {setting} on a {reason}: {cost}; model.dtype float32, or auto, which picks float32 here"
