@@ -109,7 +109,8 @@ def _slow_bf16_warning(setting: str, device: str, cpuinfo: str | None) -> str:
     """Why a bf16 precision set in the config will be slow here, or "": a CPU without AVX-512 BF16 or AMX emulates
     bf16 matmuls, which a run otherwise only shows as long steps. How slow depends on the vector unit (measured on
     pair A, docs/results/real/sgt-r/README.md): with AVX-512 a bf16 matmul runs at ~1/3 of fp32's speed and a run
-    took ~1.4x as long as on AVX-512 BF16; on an AVX2-only CPU SmolLM2's first step took 413 s against 21 s."""
+    took 1 h 25 min against 50-65 min on AVX-512 BF16; on an AVX2-only CPU SmolLM2's first step took 413 s against
+    21 s."""
     if setting not in ("bf16-mixed", "bfloat16") or not device.startswith("cpu"):
         return ""
     fast, reason = device_has_fast_bf16(device, cpuinfo)
