@@ -59,6 +59,7 @@ from mutualrl.see.acl import ServiceUser, acl_file
 from mutualrl.see.identity import SEE_KEYS_ENV, format_keys, keys_for_service
 from mutualrl.see.server import RedisServer, free_port
 from mutualrl.services.learner import StepRecord
+from mutualrl.services.learner.ranks import rank_state_path
 from mutualrl.services.mwra.demands import demands_from_config
 from mutualrl.services.mwra.local import LocalPlan, plan_local
 from mutualrl.services.mwra.planner import PlanningError
@@ -164,7 +165,7 @@ class Supervisor:
         when it starts, as it does under Helm or compose). Called as each policy is loaded, before the transport is
         chosen, and once it is."""
         services, names = self.out / "services", list(self.state_bytes)
-        resumed = {name: (services / f"{name}.learner.state.pt").is_file() for name in names}
+        resumed = {name: rank_state_path(services, name).is_file() for name in names}
         need = sum(service_disk_need(self.state_bytes[n], resumed[n]) for n in names)
         what = (f"the learner state files and final checkpoints of {', '.join(names)} (weights and optimiser state, "
                 f"{size_text(sum(self.state_bytes.values()))} a copy)")

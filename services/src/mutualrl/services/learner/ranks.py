@@ -54,9 +54,11 @@ def init_group(rank: int, world: int, port: int, device: str) -> None:
                             timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
 
 
-def rank_state_path(state_dir: Path, policy: str, rank: int) -> Path:
-    """Where rank k (> 0) keeps its shards of the model and optimiser."""
-    return state_dir / f"{policy}.learner.state.r{rank}.pt"
+def rank_state_path(state_dir: Path, policy: str, rank: int = 0) -> Path:
+    """Where a learner's rank keeps its state file: rank 0 (the learner service itself, sharded or not) the whole
+    learner's, rank k > 0 its shards of the model and optimiser. `mutualrl up` reads rank 0's to tell a learner that
+    will resume."""
+    return state_dir / (f"{policy}.learner.state.pt" if rank == 0 else f"{policy}.learner.state.r{rank}.pt")
 
 
 class RankGroup:

@@ -32,7 +32,14 @@ from mutualrl.runtime.service_common import ServiceArgs, ServiceContext, service
 from mutualrl.see.server import free_port
 from mutualrl.services.learner.loop import Checkpoints, LearnerLoop
 from mutualrl.services.learner.metrics import LearnerMetrics
-from mutualrl.services.learner.ranks import RankGroup, init_group, learner_world, rank_argv, rank_device
+from mutualrl.services.learner.ranks import (
+    RankGroup,
+    init_group,
+    learner_world,
+    rank_argv,
+    rank_device,
+    rank_state_path,
+)
 from mutualrl.services.learner.setup import learner_transport, service_learner
 from mutualrl.services.learner.step_record import StepRecord
 from mutualrl.tracking import open_tracker
@@ -90,7 +97,7 @@ class LearnerService:
                                            shard=_shard_fn(cfg, p) if ranks else None,
                                            device=rank_device(p, 0) if ranks else None)
         self.learner = learner
-        state_path = ctx.state_dir / f"{p.name}.learner.state.pt"
+        state_path = rank_state_path(ctx.state_dir, p.name)
         _check_disk(ctx.state_dir, self.pp, resumed=state_path.is_file())
         evals = eval_log(args.out_dir, p.name)
         pp = self.pp
