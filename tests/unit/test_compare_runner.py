@@ -10,6 +10,7 @@ import yaml
 
 from mutualrl.app.compare import CompareSpec, run_all
 from mutualrl.app.compare_report import write_report
+from mutualrl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -518,6 +519,38 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
     assert "; `#` 50 %, `# + # = #` 33 %, `# + # equals #.` 17 % |" in md
 
 
+def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_too_few_inside_not_exercised(tmp_path):
+    """HACPO's hard clamp leaves a cross row below the ratio's lower bound no gradient (§2.7): the report sums each
+    step's ``cross_rows × cross_discarded_frac`` and calls a receiver with < 1 cross row a step inside the bound "not
+    exercised", as it does SGT-R's with < 1 trained rescue a step."""
+    base = _fake_run([])
+    below_by_policy = [[1.0, 1.0, 0.9375, 1.0], [0.5, 0.5, 0.5, 0.5]]  # policy 0: 2 of 128 rows inside; policy 1: half
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        if cfg.sharing.mode != "sgt":
+            return
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        recs = [r for r in recs if r["step"] != 2]  # the step-2 records, rebuilt below
+        for p, fracs, rows in zip(cfg.policies, below_by_policy, (32, 16)):
+            for step, frac in enumerate(fracs, start=1):
+                recs.append({"step": step, "policy": p.name, "cross_rows": rows, "cross_discarded_frac": frac,
+                             **({"rollouts": 256, "eval_accuracy": 0.3} if step == 2 else {})})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    first, second = (p.name for p in load_config(ROOT / "examples" / "demo.yaml").policies)
+    c = res["pairs"]["demo"]["sgt"][first]["sharing"]
+    assert c["cross_rows"] == 128 and c["cross_below_bound"] == 126 and c["cross_inside_per_step"] == 0.5
+    assert res["pairs"]["demo"]["sgt"][second]["sharing"]["cross_inside_per_step"] == 8
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert ("HACPO cross rows 128, 126 below the ratio's lower bound (98 %, no gradient): 0.5 a step inside it — "
+            "**not exercised** (< 1 cross row a step inside the bound) |") in md
+    assert "HACPO cross rows 64, 32 below the ratio's lower bound (50 %, no gradient): 8.0 a step inside it |" in md
+
+
 def test_the_plotted_accuracy_band_stays_inside_zero_and_one():
     """Two seeds' t-interval is wider than the scale (pair A's SmolLM2 curves had ±1.3 around 0.5): the plot clips
     the band to accuracy's range and leaves a narrow one as it is."""
@@ -536,3 +569,4 @@ def test_answer_shapes_in_the_report_name_the_common_ones_and_keep_the_table_who
     assert _shapes_text({"# | #": 0.9, "`#`": 0.06, "#.": 0.04}) == "`# \\| #` 90 %, `'#'` 6 %"
     assert _shapes_text({"#": 0.02}) == "`#` 2 %"
     assert _shapes_text({}) == "" and _shapes_text(None) == ""
+    assert _shapes_text({"#": 0.92, "": 0.08}) == "`#` 92 %, (empty) 8 %"

@@ -6,6 +6,7 @@ sharing counts per run and per edge, hint examples, precisions, wall time and wh
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -45,6 +46,12 @@ SHARING_COUNTS = ("rescue_count", "hints_offered", "hints_gated_out", "hints_mas
 """Per-run sums of a policy's step records that say whether a mode was exercised at all."""
 
 
+HACPO_COUNTS = ("cross_rows", "cross_below_bound")
+"""HACPO's per-run sums: the peers' rows it took as cross rows, and how many of them sat below the ratio's lower bound
+(each step's ``cross_rows × cross_discarded_frac``), where the hard clamp leaves them no gradient (docs/algorithms.md
+§2.7): a heterogeneous pair whose every cross row sits there trains as GSPO on its own rows with a mixed baseline."""
+
+
 RESCUE_MEANS = ("hint_weight_mean", "hint_floored_frac", "hint_capped_frac", "hint_delta_mean")
 """SGT-R's per-step means (a rescue sample token's weight toward the hint-free policy, the shares of tokens at its floor
 and its cap, the information gate's Δ) that a run's figure averages over the steps that had any: why a receiver did or
@@ -52,8 +59,9 @@ did not learn from its rescues."""
 
 
 def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
-    """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, SGT-R's trained rescues per step, and each of
-    :data:`RESCUE_MEANS` as its mean over the steps that recorded it (absent when none did)."""
+    """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, SGT-R's trained rescues per step, each of
+    :data:`RESCUE_MEANS` as its mean over the steps that recorded it (absent when none did), and where HACPO took
+    cross rows, :data:`HACPO_COUNTS` and the cross rows a step left inside the ratio's bounds."""
     out: dict[str, dict[str, float]] = {}
     means: dict[str, dict[str, list[float]]] = {}
     for rec in records:
@@ -63,11 +71,18 @@ def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
         c["steps"] += 1
         for k in SHARING_COUNTS:
             c[k] += float(rec.get(k) or 0)
+        cross, below = rec.get("cross_rows"), rec.get("cross_discarded_frac")
+        if isinstance(cross, (int, float)) and cross > 0:
+            c["cross_rows"] = c.get("cross_rows", 0.0) + cross
+            c["cross_below_bound"] = c.get("cross_below_bound", 0.0) + (
+                cross * below if isinstance(below, (int, float)) and math.isfinite(below) else 0.0)
         for k in RESCUE_MEANS:
             if isinstance(rec.get(k), (int, float)):
                 means.setdefault(rec["policy"], {}).setdefault(k, []).append(float(rec[k]))
     for policy, c in out.items():
         c["trained_per_step"] = c["rescue_trained"] / c["steps"] if c["steps"] else 0.0
+        if "cross_rows" in c:
+            c["cross_inside_per_step"] = (c["cross_rows"] - c["cross_below_bound"]) / c["steps"]
         c.update({k: sum(v) / len(v) for k, v in means.get(policy, {}).items()})
     return out
 
