@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import Counter
 
 import torch
@@ -14,6 +16,11 @@ from mutualrl.grpo import PolicyLossOutput, hacpo_advantages, hacpo_loss
 from mutualrl.services.learner.modes.base import SharingMode, consecutive_minibatches, group_ids, register_mode
 from mutualrl.services.learner.objective import OWN, LossInputs, Rows, StepAdvantages
 from mutualrl.services.learner.peer_experience import PeerRow, PeerStats
+
+log = logging.getLogger("mutualrl.learner.hacpo")
+
+INERT_WARN_STEPS = 3
+"""Consecutive steps with < 1 cross row inside the ratio's bounds after which HACPO says it is not sharing."""
 
 
 def hacpo_minibatches(kinds: list[int], sources: list[str], self_parts: int, cross_parts: int) -> list[slice]:
@@ -53,6 +60,7 @@ class Hacpo(SharingMode):
     name = "hacpo"
     section = "§2.7"
     peer_kinds = ("rollout",)
+    _inert_steps = 0  # the current run of steps with < 1 cross row inside the ratio's bounds (see report)
 
     @staticmethod
     @override
@@ -109,3 +117,22 @@ class Hacpo(SharingMode):
     @override
     def clip_fraction(self, metrics: dict) -> float | None:
         return metrics.get("self_clip_frac")  # own rows are clipped by HACPO's self bounds
+
+    @override
+    def report(self, metrics: dict, peer_rows: int, rescues: list, stats: dict) -> tuple[int, float | None]:
+        """As every mode's, and a WARNING once HACPO has kept < 1 cross row a step inside the ratio's bounds for
+        :data:`INERT_WARN_STEPS` steps in a row: below the lower bound the hard clamp leaves a row no gradient (§2.7),
+        which is where two model families' sequence ratios sit (SmolLM2 beside a Qwen: 0.04–0.66 against 0.85), so
+        the run is GSPO on its own rows with a mixed baseline, not sharing — the user should hear it during the run,
+        not from the report afterwards."""
+        cross, below = metrics.get("cross_rows") or 0, metrics.get("cross_discarded_frac")
+        if cross and isinstance(below, (int, float)) and math.isfinite(below):
+            self._inert_steps = self._inert_steps + 1 if cross * (1.0 - below) < 1 else 0
+            if self._inert_steps == INERT_WARN_STEPS:
+                log.warning("policy %s: HACPO kept no peer row inside its ratio bounds for %d steps in a row (the "
+                            "peers' sequence ratio %.2f, the lower bound %.3f): rows below it have no gradient, so it "
+                            "is training on its own rows only; between model families this far apart, share with "
+                            "sgt or sgt_r instead (docs: algorithms §2.7)", self.policy, self._inert_steps,
+                            metrics.get("cross_ratio_mean") or float("nan"),
+                            metrics.get("cross_lower_bound") or float("nan"))
+        return super().report(metrics, peer_rows, rescues, stats)

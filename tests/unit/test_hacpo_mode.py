@@ -1,0 +1,47 @@
+"""HACPO's learner mode says when it is not sharing: cross rows below the ratio's lower bound have no gradient
+(docs/algorithms.md §2.7), and between two model families nearly all of them sit there."""
+
+from __future__ import annotations
+
+import logging
+
+from mutualrl.config import AlgorithmConfig, SharingConfig
+from mutualrl.services.learner.modes import make_mode
+from mutualrl.services.learner.modes.hacpo import INERT_WARN_STEPS
+
+LOGGER = "mutualrl.learner.hacpo"
+
+
+def _step(mode, rows: int, below: float | None, ratio: float = 0.1) -> None:
+    mode.report({"cross_rows": rows, "cross_discarded_frac": below, "cross_ratio_mean": ratio,
+                 "cross_lower_bound": 0.8625, "self_clip_frac": 0.0}, rows, [], {})
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == LOGGER]
+
+
+def test_hacpo_warns_once_a_streak_of_steps_keeps_no_cross_row_inside_its_bounds(caplog):
+    mode = make_mode("smollm2", AlgorithmConfig(), SharingConfig(mode="hacpo"), 8)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(INERT_WARN_STEPS - 1):
+            _step(mode, 32, 1.0)
+        assert _warnings(caplog) == []
+        _step(mode, 32, 1.0, ratio=0.12)
+        (msg,) = _warnings(caplog)
+        assert "policy smollm2" in msg and f"for {INERT_WARN_STEPS} steps" in msg
+        assert "ratio 0.12" in msg and "lower bound 0.863" in msg and "sgt_r" in msg
+        for _ in range(INERT_WARN_STEPS):  # the same streak goes on: said once
+            _step(mode, 32, 1.0)
+        assert len(_warnings(caplog)) == 1
+
+
+def test_a_step_with_a_cross_row_inside_the_bounds_ends_the_streak_and_steps_without_peers_do_not_count(caplog):
+    mode = make_mode("qwen", AlgorithmConfig(), SharingConfig(mode="hacpo"), 8)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for below in (1.0, 1.0, 0.9375, 1.0, 1.0):  # step 3 keeps 2 of 32 rows inside: the streak starts again
+            _step(mode, 32, below)
+        _step(mode, 0, None)  # no peer rows this step (none arrived): neither sharing nor refusing to
+        assert _warnings(caplog) == []
+        _step(mode, 32, 1.0)
+        assert len(_warnings(caplog)) == 1
