@@ -173,7 +173,7 @@ def test_alert_rules_check_and_unit_tests():
     p = subprocess.run([tool("promtool"), "check", "rules", str(CHART / "files" / "alerts.yml")], capture_output=True,
                        text=True)
     n = len(yaml.safe_load((CHART / "files" / "alerts.yml").read_text())["groups"][0]["rules"])
-    assert p.returncode == 0 and f"{n} rules found" in p.stdout and n == 10, p.stdout + p.stderr
+    assert p.returncode == 0 and f"{n} rules found" in p.stdout and n == 11, p.stdout + p.stderr
     p = subprocess.run([tool("promtool"), "test", "rules", "alerts_test.yml"], capture_output=True, text=True,
                        cwd=CHART / "files")
     assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr

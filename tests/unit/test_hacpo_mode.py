@@ -45,3 +45,25 @@ def test_a_step_with_a_cross_row_inside_the_bounds_ends_the_streak_and_steps_wit
         assert _warnings(caplog) == []
         _step(mode, 32, 1.0)
         assert len(_warnings(caplog)) == 1
+
+
+def test_the_learners_prometheus_counter_splits_a_steps_cross_rows_by_where_they_sat():
+    """``mutualrl_hacpo_cross_rows_total{where}``: exported at 0 from the start (the dashboard shows "none", not "no
+    data"), then each step's cross rows split by the share below the bound; a step without cross rows adds nothing."""
+    from prometheus_client import generate_latest
+
+    from mutualrl.see import ExperienceExchange, InProcessBroker
+    from mutualrl.services.learner.metrics import LearnerMetrics
+    from mutualrl.services.learner.step_record import StepRecord
+
+    m = LearnerMetrics("smollm2", ["qwen"], ExperienceExchange(InProcessBroker(), "mutualrl:t"))
+
+    def value(where: str) -> float:
+        return m.registry.get_sample_value("mutualrl_hacpo_cross_rows_total", {"policy": "smollm2", "where": where})
+
+    assert value("inside") == 0 and value("below_bound") == 0
+    assert b'mutualrl_hacpo_cross_rows_total{policy="smollm2",where="inside"} 0.0' in generate_latest(m.registry)
+    for extra in ({"cross_rows": 32, "cross_discarded_frac": 0.96875}, {"cross_rows": 32, "cross_discarded_frac": 1.0},
+                  {}, {"cross_rows": 0, "cross_discarded_frac": None}):
+        m._observe_cross_rows(StepRecord.from_dict({"step": 1, "policy": "smollm2", **extra}))
+    assert value("below_bound") == 31 + 32 and value("inside") == 1

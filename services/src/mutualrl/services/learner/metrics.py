@@ -4,6 +4,8 @@ start at 0, so a panel shows a flat line rather than "no data" before the first 
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from mutualrl.runtime.stage_metrics import StageMetrics
@@ -23,6 +25,8 @@ OWN_EVENTS = ("duplicate", "rescored")
 """Own rollouts used but worth counting: a repeat acknowledged (``duplicate``), a claimed reward corrected."""
 EDGE_EVENTS = ("offered", "used", "stale", "thl_rejected", "rescues")
 """What a learner counts per incoming sharing edge (``mutualrl_edge_messages``)."""
+CROSS_ROW_PLACES = ("inside", "below_bound")
+"""Where HACPO's cross rows sat against its ratio's clip bounds (``mutualrl_hacpo_cross_rows``)."""
 
 
 class LearnerMetrics:
@@ -96,6 +100,10 @@ class LearnerMetrics:
         self.quarantines = Counter("mutualrl_peer_quarantine_events",
                                    "Peers entering or leaving quarantine at this receiver.",
                                    ["policy", "peer", "action"], registry=r)
+        self.cross_rows = Counter("mutualrl_hacpo_cross_rows", "HACPO's cross rows (peers' rows in its loss), by where "
+                                  "their sequence ratio sat: inside the clip bounds (a gradient) or below the lower "
+                                  "bound (none: the hard clamp, docs/algorithms.md §2.7).", ["policy", "where"],
+                                  registry=r)
         self._start_at_zero(peers, rescue)
         r.register(SeeCollector(exchange))
         self.stages = StageMetrics(r, policy, "learner")
@@ -118,6 +126,8 @@ class LearnerMetrics:
                 self.edges.labels(policy, q, event)
         for reason in HINT_REFUSALS:  # from 0 in every mode: the dashboard's panel shows "none", not "no data"
             self.hint_refused.labels(policy, reason)
+        for where in CROSS_ROW_PLACES:
+            self.cross_rows.labels(policy, where)
 
     def position(self, step: int, version: int, lag: int | None = None) -> None:
         """Where the learner is: its last step, weights version and how far the slowest peer lags."""
@@ -135,6 +145,15 @@ class LearnerMetrics:
             self.thl_length.labels(p, src).set(h["length_ratio_mean"])
             self.roundtrip.labels(p, src).inc(h["roundtrip_failures"])
             self.thl_messages.labels(p, src).inc(h["messages"])
+
+    def _observe_cross_rows(self, rec: StepRecord) -> None:
+        """HACPO's cross rows of the step, split by the share its mini-batches found below the ratio's lower bound."""
+        rows, below = rec.extra.get("cross_rows"), rec.extra.get("cross_discarded_frac")
+        if not isinstance(rows, (int, float)) or rows <= 0:
+            return
+        n_below = round(rows * below) if isinstance(below, (int, float)) and math.isfinite(below) else 0
+        self.cross_rows.labels(self.policy, "below_bound").inc(n_below)
+        self.cross_rows.labels(self.policy, "inside").inc(rows - n_below)
 
     def observe(self, rec: StepRecord, learner: Learner) -> None:
         """One trained step's record (skipped steps count only as skipped)."""
@@ -160,6 +179,7 @@ class LearnerMetrics:
         for reason, n in (rec.extra.get("hint_refused") or {}).items():
             self.hint_refused.labels(p, reason).inc(n)
         self.rescored.labels(p).inc(rec.peer_rescored)
+        self._observe_cross_rows(rec)
         for key, n in list(learner.totals.items()):
             if key.startswith("own_rejected:") or key in ("own_duplicate", "own_rescored"):
                 done = self._own_reported.get(key, 0)
