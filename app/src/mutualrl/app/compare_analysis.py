@@ -6,7 +6,6 @@ sharing counts per run and per edge, hint examples, precisions, wall time and wh
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from mutualrl.runtime.eval_analysis import (
     read_evals,
 )
 from mutualrl.runtime.outputs import read_metrics
+from mutualrl.services.learner.step_record import cross_rows_split
 
 
 def eval_curves(records: list[dict]) -> dict[str, list[tuple[float, float]]]:
@@ -71,11 +71,9 @@ def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
         c["steps"] += 1
         for k in SHARING_COUNTS:
             c[k] += float(rec.get(k) or 0)
-        cross, below = rec.get("cross_rows"), rec.get("cross_discarded_frac")
-        if isinstance(cross, (int, float)) and cross > 0:
-            c["cross_rows"] = c.get("cross_rows", 0.0) + cross
-            c["cross_below_bound"] = c.get("cross_below_bound", 0.0) + (
-                cross * below if isinstance(below, (int, float)) and math.isfinite(below) else 0.0)
+        if (split := cross_rows_split(rec)) is not None:
+            c["cross_below_bound"] = c.get("cross_below_bound", 0.0) + split[0]
+            c["cross_rows"] = c.get("cross_rows", 0.0) + split[0] + split[1]
         for k in RESCUE_MEANS:
             if isinstance(rec.get(k), (int, float)):
                 means.setdefault(rec["policy"], {}).setdefault(k, []).append(float(rec[k]))

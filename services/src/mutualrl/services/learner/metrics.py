@@ -4,15 +4,13 @@ start at 0, so a panel shows a flat line rather than "no data" before the first 
 
 from __future__ import annotations
 
-import math
-
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from mutualrl.runtime.stage_metrics import StageMetrics
 from mutualrl.see import ExperienceExchange, SeeCollector
 from mutualrl.services.learner.hinted_rescue import EDGE_COUNTS, HINT_REFUSALS
 from mutualrl.services.learner.learner import Learner
-from mutualrl.services.learner.step_record import StepRecord
+from mutualrl.services.learner.step_record import StepRecord, cross_rows_split
 
 PEER_REJECTION_REASONS = (
     "stale", "late", "unknown_prompt", "prompt_mismatch", "text_mismatch", "reverify_failed", "quarantined",
@@ -148,12 +146,12 @@ class LearnerMetrics:
 
     def _observe_cross_rows(self, rec: StepRecord) -> None:
         """HACPO's cross rows of the step, split by the share its mini-batches found below the ratio's lower bound."""
-        rows, below = rec.extra.get("cross_rows"), rec.extra.get("cross_discarded_frac")
-        if not isinstance(rows, (int, float)) or rows <= 0:
+        split = cross_rows_split(rec.extra)
+        if split is None:
             return
-        n_below = round(rows * below) if isinstance(below, (int, float)) and math.isfinite(below) else 0
-        self.cross_rows.labels(self.policy, "below_bound").inc(n_below)
-        self.cross_rows.labels(self.policy, "inside").inc(rows - n_below)
+        below, inside = round(split[0]), round(split[1])
+        self.cross_rows.labels(self.policy, "below_bound").inc(below)
+        self.cross_rows.labels(self.policy, "inside").inc(inside)
 
     def observe(self, rec: StepRecord, learner: Learner) -> None:
         """One trained step's record (skipped steps count only as skipped)."""

@@ -18,6 +18,8 @@ live in :attr:`StepRecord.extra`, by name, in the order they are written.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,3 +121,15 @@ STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepRecord)) - {"extr
 """The names a record's line gives its typed fields; any other name of the line is an extra field."""
 _LOOP = ("rollouts", "shared_out", "gen_s", "step_s", "wall_time", "eval_accuracy")
 _TRAINED = STEP_FIELDS - {"skipped", "edges", *_LOOP}
+
+
+def cross_rows_split(record: Mapping[str, Any]) -> tuple[float, float] | None:
+    """A HACPO step's cross rows as (below the ratio's lower bound, inside the bounds), from a record's (or its
+    :attr:`StepRecord.extra`'s) ``cross_rows`` and ``cross_discarded_frac`` — the share below, a mean over the cross
+    mini-batches. Below the bound the hard clamp leaves a row no gradient (docs/algorithms.md §2.7). None for a step
+    without cross rows (another mode, or no peer group complete)."""
+    rows, below = record.get("cross_rows"), record.get("cross_discarded_frac")
+    if not isinstance(rows, (int, float)) or rows <= 0:
+        return None
+    n_below = rows * below if isinstance(below, (int, float)) and math.isfinite(below) else 0.0
+    return n_below, rows - n_below

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 
 import torch
@@ -16,6 +15,7 @@ from mutualrl.grpo import PolicyLossOutput, hacpo_advantages, hacpo_loss
 from mutualrl.services.learner.modes.base import SharingMode, consecutive_minibatches, group_ids, register_mode
 from mutualrl.services.learner.objective import OWN, LossInputs, Rows, StepAdvantages
 from mutualrl.services.learner.peer_experience import PeerRow, PeerStats
+from mutualrl.services.learner.step_record import cross_rows_split
 
 log = logging.getLogger("mutualrl.learner.hacpo")
 
@@ -125,9 +125,9 @@ class Hacpo(SharingMode):
         which is where two model families' sequence ratios sit (SmolLM2 beside a Qwen: 0.04–0.66 against 0.85), so
         the run is GSPO on its own rows with a mixed baseline, not sharing — the user should hear it during the run,
         not from the report afterwards."""
-        cross, below = metrics.get("cross_rows") or 0, metrics.get("cross_discarded_frac")
-        if cross and isinstance(below, (int, float)) and math.isfinite(below):
-            self._inert_steps = self._inert_steps + 1 if cross * (1.0 - below) < 1 else 0
+        split = cross_rows_split(metrics)
+        if split is not None:
+            self._inert_steps = self._inert_steps + 1 if split[1] < 1 else 0
             if self._inert_steps == INERT_WARN_STEPS:
                 log.warning("policy %s: HACPO kept no peer row inside its ratio bounds for %d steps in a row (the "
                             "peers' sequence ratio %.2f, the lower bound %.3f): rows below it have no gradient, so it "
