@@ -519,12 +519,12 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
     assert "; `#` 50 %, `# + # = #` 33 %, `# + # equals #.` 17 % |" in md
 
 
-def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_too_few_inside_not_exercised(tmp_path):
+def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_too_few_above_it_not_exercised(tmp_path):
     """HACPO's hard clamp leaves a cross row below the ratio's lower bound no gradient (§2.7): the report sums each
-    step's ``cross_rows × cross_discarded_frac`` and calls a receiver with < 1 cross row a step inside the bound "not
+    step's ``cross_rows × cross_discarded_frac`` and calls a receiver with < 1 cross row a step not below the bound "not
     exercised", as it does SGT-R's with < 1 trained rescue a step."""
     base = _fake_run([])
-    below_by_policy = [[1.0, 1.0, 0.9375, 1.0], [0.5, 0.5, 0.5, 0.5]]  # policy 0: 2 of 128 rows inside; policy 1: half
+    below_by_policy = [[1.0, 1.0, 0.9375, 1.0], [0.5, 0.5, 0.5, 0.5]]  # policy 0: 2 of 128 not below; policy 1: half
 
     def run(cfg, d: Path):
         base(cfg, d)
@@ -543,12 +543,13 @@ def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_to
     res = write_report(spec, tmp_path / "out")
     first, second = (p.name for p in load_config(ROOT / "examples" / "demo.yaml").policies)
     c = res["pairs"]["demo"]["sgt"][first]["sharing"]
-    assert c["cross_rows"] == 128 and c["cross_below_bound"] == 126 and c["cross_inside_per_step"] == 0.5
-    assert res["pairs"]["demo"]["sgt"][second]["sharing"]["cross_inside_per_step"] == 8
+    assert c["cross_rows"] == 128 and c["cross_below_bound"] == 126 and c["cross_not_below_per_step"] == 0.5
+    assert res["pairs"]["demo"]["sgt"][second]["sharing"]["cross_not_below_per_step"] == 8
     md = (tmp_path / "out" / "report.md").read_text()
-    assert ("HACPO cross rows 128, 126 below the ratio's lower bound (98 %, no gradient): 0.5 a step inside it — "
-            "**not exercised** (< 1 cross row a step inside the bound) |") in md
-    assert "HACPO cross rows 64, 32 below the ratio's lower bound (50 %, no gradient): 8.0 a step inside it |" in md
+    assert ("HACPO cross rows 128, 126 below the ratio's lower bound (98 %, no gradient): at most 0.5 a step trained "
+            "— **not exercised** (< 1 cross row a step not below the bound) |") in md
+    assert ("HACPO cross rows 64, 32 below the ratio's lower bound (50 %, no gradient): at most 8.0 a step "
+            "trained |") in md
 
 
 def test_the_plotted_accuracy_band_stays_inside_zero_and_one():

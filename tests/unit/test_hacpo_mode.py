@@ -21,7 +21,7 @@ def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == LOGGER]
 
 
-def test_hacpo_warns_once_a_streak_of_steps_keeps_no_cross_row_inside_its_bounds(caplog):
+def test_hacpo_warns_once_a_streak_of_steps_keeps_no_cross_row_at_or_above_its_lower_bound(caplog):
     mode = make_mode("smollm2", AlgorithmConfig(), SharingConfig(mode="hacpo"), 8)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for _ in range(INERT_WARN_STEPS - 1):
@@ -36,10 +36,10 @@ def test_hacpo_warns_once_a_streak_of_steps_keeps_no_cross_row_inside_its_bounds
         assert len(_warnings(caplog)) == 1
 
 
-def test_a_step_with_a_cross_row_inside_the_bounds_ends_the_streak_and_steps_without_peers_do_not_count(caplog):
+def test_a_step_with_a_cross_row_not_below_the_bound_ends_the_streak_and_steps_without_peers_do_not_count(caplog):
     mode = make_mode("qwen", AlgorithmConfig(), SharingConfig(mode="hacpo"), 8)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        for below in (1.0, 1.0, 0.9375, 1.0, 1.0):  # step 3 keeps 2 of 32 rows inside: the streak starts again
+        for below in (1.0, 1.0, 0.9375, 1.0, 1.0):  # step 3 keeps 2 of 32 rows not below: the streak starts again
             _step(mode, 32, below)
         _step(mode, 0, None)  # no peer rows this step (none arrived): neither sharing nor refusing to
         assert _warnings(caplog) == []
@@ -61,9 +61,9 @@ def test_the_learners_prometheus_counter_splits_a_steps_cross_rows_by_where_they
     def value(where: str) -> float:
         return m.registry.get_sample_value("mutualrl_hacpo_cross_rows_total", {"policy": "smollm2", "where": where})
 
-    assert value("inside") == 0 and value("below_bound") == 0
-    assert b'mutualrl_hacpo_cross_rows_total{policy="smollm2",where="inside"} 0.0' in generate_latest(m.registry)
+    assert value("not_below") == 0 and value("below_bound") == 0
+    assert b'mutualrl_hacpo_cross_rows_total{policy="smollm2",where="not_below"} 0.0' in generate_latest(m.registry)
     for extra in ({"cross_rows": 32, "cross_discarded_frac": 0.96875}, {"cross_rows": 32, "cross_discarded_frac": 1.0},
                   {}, {"cross_rows": 0, "cross_discarded_frac": None}):
         m._observe_cross_rows(StepRecord.from_dict({"step": 1, "policy": "smollm2", **extra}))
-    assert value("below_bound") == 31 + 32 and value("inside") == 1
+    assert value("below_bound") == 31 + 32 and value("not_below") == 1

@@ -61,7 +61,8 @@ did not learn from its rescues."""
 def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
     """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, SGT-R's trained rescues per step, each of
     :data:`RESCUE_MEANS` as its mean over the steps that recorded it (absent when none did), and where HACPO took
-    cross rows, :data:`HACPO_COUNTS` and the cross rows a step left inside the ratio's bounds."""
+    cross rows, :data:`HACPO_COUNTS` and the cross rows a step left not below the ratio's lower bound (the most that
+    trained: the clamp also holds a row above 1)."""
     out: dict[str, dict[str, float]] = {}
     means: dict[str, dict[str, list[float]]] = {}
     for rec in records:
@@ -80,7 +81,7 @@ def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
     for policy, c in out.items():
         c["trained_per_step"] = c["rescue_trained"] / c["steps"] if c["steps"] else 0.0
         if "cross_rows" in c:
-            c["cross_inside_per_step"] = (c["cross_rows"] - c["cross_below_bound"]) / c["steps"]
+            c["cross_not_below_per_step"] = (c["cross_rows"] - c["cross_below_bound"]) / c["steps"]
         c.update({k: sum(v) / len(v) for k, v in means.get(policy, {}).items()})
     return out
 

@@ -151,16 +151,16 @@ def _rescue_weight_text(c: dict) -> str:
 
 def _sharing_text(c: dict | None, alone: bool = False) -> str:
     """One entry's sharing per run: SGT-R's hints, rescue samples and trained rescues (< 1 trained a step is "not
-    exercised"), SGT's rescues, or HACPO's cross rows and how many sat below the ratio's lower bound (< 1 a step left
-    inside it is "not exercised" too: the rest have no gradient); for a policy that learns ``alone`` in the entry,
+    exercised"), SGT's rescues, or HACPO's cross rows and how many sat below the ratio's lower bound, where they have
+    no gradient (< 1 a step not below it is "not exercised" too); for a policy that learns ``alone`` in the entry,
     that its difference is noise."""
     if not _shared(c):
         return "receives nothing (no edge into it): its paired difference is the runs' own variation" if alone else "–"
     if c.get("cross_rows") and not c.get("rescue_samples") and not c.get("rescue_count"):
-        below, inside = c["cross_below_bound"], c["cross_inside_per_step"]
-        note = "" if inside >= 1 else " — **not exercised** (< 1 cross row a step inside the bound)"
+        below, rest = c["cross_below_bound"], c["cross_not_below_per_step"]
+        note = "" if rest >= 1 else " — **not exercised** (< 1 cross row a step not below the bound)"
         return (f"HACPO cross rows {c['cross_rows']:.0f}, {below:.0f} below the ratio's lower bound "
-                f"({below / c['cross_rows'] * 100:.0f} %, no gradient): {inside:.1f} a step inside it{note}")
+                f"({below / c['cross_rows'] * 100:.0f} %, no gradient): at most {rest:.1f} a step trained{note}")
     if c.get("rescue_samples"):
         note = "" if c["trained_per_step"] >= 1 else " — **not exercised** (< 1 trained rescue a step)"
         return (f"hints {c['hints_offered']:.0f} (gated out {c['hints_gated_out']:.0f}, masked "
@@ -194,8 +194,8 @@ def _shapes_text(shapes: dict[str, float] | None, floor: float = 0.05) -> str:
 def _detail_lines(entries: dict, policies: list[str], edges: dict | None = None) -> list[str]:
     """Per entry and policy: the per-problem paired difference, answer style at the start and at the end, and how
     much sharing the runs did (an entry whose receiver trained < 1 rescue a step, or kept < 1 HACPO cross row a step
-    inside the ratio's bounds, is "not exercised"; a policy no edge of the entry reaches is named as learning alone,
-    its paired difference the runs' noise)."""
+    not below the ratio's lower bound, is "not exercised"; a policy no edge of the entry reaches is named as learning
+    alone, its paired difference the runs' noise)."""
     rows = [(e, p, per[p]) for e, per in entries.items() for p in policies if p in per]
     if not any(r.get("style") or r.get("per_problem_vs_baseline") or _shared(r.get("sharing")) for _, _, r in rows):
         return []

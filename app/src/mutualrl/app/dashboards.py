@@ -98,7 +98,7 @@ DASHBOARDS = (
         Panel("SGT-R hints refused, and rescue rounds without samples, by reason",
               ("sum by (policy, reason) (rate(mutualrl_hint_refused_total[5m]))",), legend="{{policy}} {{reason}}"),
         Panel("Verified successes shared per second", ("sum by (policy) (rate(mutualrl_shared_out_total[5m]))",)),
-        Panel("HACPO cross rows per second: inside the ratio's bounds (trained) or below (no gradient)",
+        Panel("HACPO cross rows per second: below the ratio's lower bound (no gradient) or not",
               ("sum by (policy, where) (rate(mutualrl_hacpo_cross_rows_total[5m]))",), legend="{{policy}} {{where}}"),
         # the sharing graph: a row per receiving learner, in it a panel per incoming edge
         Panel("Edges into $receiver", (), kind="row", repeat="receiver"),

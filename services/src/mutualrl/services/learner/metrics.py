@@ -23,8 +23,8 @@ OWN_EVENTS = ("duplicate", "rescored")
 """Own rollouts used but worth counting: a repeat acknowledged (``duplicate``), a claimed reward corrected."""
 EDGE_EVENTS = ("offered", "used", "stale", "thl_rejected", "rescues")
 """What a learner counts per incoming sharing edge (``mutualrl_edge_messages``)."""
-CROSS_ROW_PLACES = ("inside", "below_bound")
-"""Where HACPO's cross rows sat against its ratio's clip bounds (``mutualrl_hacpo_cross_rows``)."""
+CROSS_ROW_PLACES = ("not_below", "below_bound")
+"""Where HACPO's cross rows sat against its ratio's lower clip bound (``mutualrl_hacpo_cross_rows``)."""
 
 
 class LearnerMetrics:
@@ -99,8 +99,8 @@ class LearnerMetrics:
                                    "Peers entering or leaving quarantine at this receiver.",
                                    ["policy", "peer", "action"], registry=r)
         self.cross_rows = Counter("mutualrl_hacpo_cross_rows", "HACPO's cross rows (peers' rows in its loss), by where "
-                                  "their sequence ratio sat: inside the clip bounds (a gradient) or below the lower "
-                                  "bound (none: the hard clamp, docs/algorithms.md §2.7).", ["policy", "where"],
+                                  "their sequence ratio sat: below the lower clip bound (no gradient: the hard clamp, "
+                                  "docs/algorithms.md §2.7) or not (at most these trained).", ["policy", "where"],
                                   registry=r)
         self._start_at_zero(peers, rescue)
         r.register(SeeCollector(exchange))
@@ -149,9 +149,8 @@ class LearnerMetrics:
         split = cross_rows_split(rec.extra)
         if split is None:
             return
-        below, inside = round(split[0]), round(split[1])
-        self.cross_rows.labels(self.policy, "below_bound").inc(below)
-        self.cross_rows.labels(self.policy, "inside").inc(inside)
+        self.cross_rows.labels(self.policy, "below_bound").inc(round(split[0]))
+        self.cross_rows.labels(self.policy, "not_below").inc(round(split[1]))
 
     def observe(self, rec: StepRecord, learner: Learner) -> None:
         """One trained step's record (skipped steps count only as skipped)."""

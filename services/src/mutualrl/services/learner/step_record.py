@@ -124,10 +124,11 @@ _TRAINED = STEP_FIELDS - {"skipped", "edges", *_LOOP}
 
 
 def cross_rows_split(record: Mapping[str, Any]) -> tuple[float, float] | None:
-    """A HACPO step's cross rows as (below the ratio's lower bound, inside the bounds), from a record's (or its
+    """A HACPO step's cross rows as (below the ratio's lower bound, not below it), from a record's (or its
     :attr:`StepRecord.extra`'s) ``cross_rows`` and ``cross_discarded_frac`` — the share below, a mean over the cross
-    mini-batches. Below the bound the hard clamp leaves a row no gradient (docs/algorithms.md §2.7). None for a step
-    without cross rows (another mode, or no peer group complete)."""
+    mini-batches. Below the bound the hard clamp leaves a row no gradient (docs/algorithms.md §2.7); it holds a row
+    above 1 too, which the records do not count apart, so the second figure is the most rows that trained. None for a
+    step without cross rows (another mode, or no peer group complete)."""
     rows, below = record.get("cross_rows"), record.get("cross_discarded_frac")
     if not isinstance(rows, (int, float)) or rows <= 0:
         return None

@@ -20,7 +20,7 @@ from mutualrl.services.learner.step_record import cross_rows_split
 log = logging.getLogger("mutualrl.learner.hacpo")
 
 INERT_WARN_STEPS = 3
-"""Consecutive steps with < 1 cross row inside the ratio's bounds after which HACPO says it is not sharing."""
+"""Consecutive steps with < 1 cross row not below the ratio's lower bound after which HACPO says it is not sharing."""
 
 
 def hacpo_minibatches(kinds: list[int], sources: list[str], self_parts: int, cross_parts: int) -> list[slice]:
@@ -60,7 +60,7 @@ class Hacpo(SharingMode):
     name = "hacpo"
     section = "§2.7"
     peer_kinds = ("rollout",)
-    _inert_steps = 0  # the current run of steps with < 1 cross row inside the ratio's bounds (see report)
+    _inert_steps = 0  # the current run of steps with < 1 cross row not below the ratio's lower bound (see report)
 
     @staticmethod
     @override
@@ -120,19 +120,20 @@ class Hacpo(SharingMode):
 
     @override
     def report(self, metrics: dict, peer_rows: int, rescues: list, stats: dict) -> tuple[int, float | None]:
-        """As every mode's, and a WARNING once HACPO has kept < 1 cross row a step inside the ratio's bounds for
-        :data:`INERT_WARN_STEPS` steps in a row: below the lower bound the hard clamp leaves a row no gradient (§2.7),
-        which is where two model families' sequence ratios sit (SmolLM2 beside a Qwen: 0.04–0.66 against 0.85), so
-        the run is GSPO on its own rows with a mixed baseline, not sharing — the user should hear it during the run,
-        not from the report afterwards."""
+        """As every mode's, and a WARNING once HACPO has kept < 1 cross row a step at or above the ratio's lower
+        bound for :data:`INERT_WARN_STEPS` steps in a row: below the lower bound the hard clamp leaves a row no
+        gradient (§2.7), which is where two model families' sequence ratios sit (SmolLM2 beside a Qwen: 0.04–0.66
+        against 0.85), so the run is GSPO on its own rows with a mixed baseline, not sharing — the user should hear
+        it during the run, not from the report afterwards."""
         split = cross_rows_split(metrics)
         if split is not None:
             self._inert_steps = self._inert_steps + 1 if split[1] < 1 else 0
             if self._inert_steps == INERT_WARN_STEPS:
-                log.warning("policy %s: HACPO kept no peer row inside its ratio bounds for %d steps in a row (the "
-                            "peers' sequence ratio %.2f, the lower bound %.3f): rows below it have no gradient, so it "
-                            "is training on its own rows only; between model families this far apart, share with "
-                            "sgt or sgt_r instead (docs: algorithms §2.7)", self.policy, self._inert_steps,
+                log.warning("policy %s: HACPO kept no peer row at or above its ratio's lower bound for %d steps in a "
+                            "row (the peers' sequence ratio %.2f, the lower bound %.3f): rows below it have no "
+                            "gradient, so it is training on its own rows only; between model families this far "
+                            "apart, share with sgt or sgt_r instead (docs: algorithms §2.7)", self.policy,
+                            self._inert_steps,
                             metrics.get("cross_ratio_mean") or float("nan"),
                             metrics.get("cross_lower_bound") or float("nan"))
         return super().report(metrics, peer_rows, rescues, stats)
