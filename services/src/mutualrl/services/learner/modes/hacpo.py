@@ -122,7 +122,7 @@ class Hacpo(SharingMode):
     def report(self, metrics: dict, peer_rows: int, rescues: list, stats: dict) -> tuple[int, float | None]:
         """As every mode's, and a WARNING once HACPO has kept < 1 cross row a step at or above the ratio's lower
         bound for :data:`INERT_WARN_STEPS` steps in a row: below the lower bound the hard clamp leaves a row no
-        gradient (§2.7), which is where two model families' sequence ratios sit (SmolLM2 beside a Qwen: 0.04–0.66
+        gradient (§2.7), which is where two model families' sequence ratios sit (SmolLM2 beside a Qwen: 0.02–0.66
         against 0.85), so the run is GSPO on its own rows with a mixed baseline, not sharing — the user should hear
         it during the run, not from the report afterwards."""
         split = cross_rows_split(metrics)
