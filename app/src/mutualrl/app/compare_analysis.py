@@ -46,12 +46,6 @@ SHARING_COUNTS = ("rescue_count", "hints_offered", "hints_gated_out", "hints_mas
 """Per-run sums of a policy's step records that say whether a mode was exercised at all."""
 
 
-HACPO_COUNTS = ("cross_rows", "cross_below_bound")
-"""HACPO's per-run sums: the peers' rows it took as cross rows, and how many of them sat below the ratio's lower bound
-(each step's ``cross_rows × cross_discarded_frac``), where the hard clamp leaves them no gradient (docs/algorithms.md
-§2.7): a heterogeneous pair whose every cross row sits there trains as GSPO on its own rows with a mixed baseline."""
-
-
 RESCUE_MEANS = ("hint_weight_mean", "hint_floored_frac", "hint_capped_frac", "hint_delta_mean")
 """SGT-R's per-step means (a rescue sample token's weight toward the hint-free policy, the shares of tokens at its floor
 and its cap, the information gate's Δ) that a run's figure averages over the steps that had any: why a receiver did or
@@ -61,8 +55,8 @@ did not learn from its rescues."""
 def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
     """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, SGT-R's trained rescues per step, each of
     :data:`RESCUE_MEANS` as its mean over the steps that recorded it (absent when none did), and where HACPO took
-    cross rows, :data:`HACPO_COUNTS` and the cross rows a step left not below the ratio's lower bound (the most that
-    trained: the clamp also holds a row above 1)."""
+    cross rows, their sum, those below the ratio's lower bound (no gradient under its hard clamp, docs/algorithms.md
+    §2.7) and those a step left not below it (the most that trained: the clamp also holds a row above 1)."""
     out: dict[str, dict[str, float]] = {}
     means: dict[str, dict[str, list[float]]] = {}
     for rec in records:

@@ -156,7 +156,7 @@ def _sharing_text(c: dict | None, alone: bool = False) -> str:
     that its difference is noise."""
     if not _shared(c):
         return "receives nothing (no edge into it): its paired difference is the runs' own variation" if alone else "–"
-    if c.get("cross_rows") and not c.get("rescue_samples") and not c.get("rescue_count"):
+    if c.get("cross_rows"):  # HACPO's runs (no other mode records cross rows)
         below, rest = c["cross_below_bound"], c["cross_not_below_per_step"]
         note = "" if rest >= 1 else " — **not exercised** (< 1 cross row a step not below the bound)"
         return (f"HACPO cross rows {c['cross_rows']:.0f}, {below:.0f} below the ratio's lower bound "
