@@ -571,3 +571,34 @@ def test_answer_shapes_in_the_report_name_the_common_ones_and_keep_the_table_who
     assert _shapes_text({"#": 0.02}) == "`#` 2 %"
     assert _shapes_text({}) == "" and _shapes_text(None) == ""
     assert _shapes_text({"#": 0.92, "": 0.08}) == "`#` 92 %, (empty) 8 %"
+
+
+def test_the_report_gives_each_seeds_per_problem_difference_beside_the_pooled_one(tmp_path):
+    """Four held-out problems: sgt answers all of them at seeds 0 and 2 and only the first at seed 1; grpo answers the
+    first two at every seed. Pooled over the seeds sgt is ahead; seed 1 alone it is behind, and the report says so."""
+    base = _fake_run([])
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        correct = "1100" if cfg.sharing.mode != "sgt" else ("1000" if cfg.seed == 1 else "1111")
+        (d / "evals").mkdir()
+        for p in cfg.policies:
+            (d / "evals" / f"{p.name}.jsonl").write_text(json.dumps(
+                {"step": 2, "accuracy": correct.count("1") / 4, "prompt_ids": ["a", "b", "c", "d"],
+                 "correct": correct, "texts": ["1"] * 4}) + "\n")
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    row = next(iter(res["pairs"]["demo"]["sgt"].values()))
+    # per problem over 3 seeds: a 0, b (0 - 1 + 0)/3, c and d (1 + 0 + 1)/3; seed 1 alone: [0, -1, 0, 0], sd 0.5, so
+    # ± t(0.975, 3 df) · 0.5 / 2 = 3.182 · 0.25 = 0.795
+    assert row["per_problem_vs_baseline"]["mean"] == pytest.approx((-1 / 3 + 2 / 3 + 2 / 3) / 4)
+    assert {s: x["mean"] for s, x in row["per_problem_by_seed"].items()} == {0: 0.5, 1: -0.25, 2: 0.5}
+    assert next(iter(res["pairs"]["demo"]["grpo"].values()))["per_problem_by_seed"] is None  # the baseline
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "(4 problems × 3 seeds); by seed: 0 +50.0 ± 91.9, 1 -25.0 ± 79.5, 2 +50.0 ± 91.9 |" in md
+    # read back from results.json (string keys), the seeds still sort as numbers
+    from mutualrl.app.compare_report import report_md
+    again = report_md(json.loads((tmp_path / "out" / "results.json").read_text()))
+    assert "by seed: 0 +50.0 ± 91.9, 1 -25.0 ± 79.5, 2 +50.0 ± 91.9" in again

@@ -10,6 +10,7 @@ from mutualrl.runtime.eval_analysis import (
     answer_shapes,
     answer_style,
     correct_by_problem,
+    per_problem_by_seed,
     per_problem_paired,
     read_evals,
 )
@@ -72,3 +73,16 @@ def test_seeds_with_their_own_held_out_sets_pair_each_seed_and_problem():
     assert out["mean"] == pytest.approx(sum(diffs) / 6)
     same = per_problem_paired({0: {"a": 1, "b": 0}, 1: {"a": 1, "b": 1}}, {0: {"a": 0, "b": 0}, 1: {"a": 1, "b": 0}})
     assert same["problems"] == 2 and "per_seed_sets" not in same  # one shared set: the mean over seeds per problem
+
+
+def test_each_seeds_own_paired_difference_shows_a_seed_the_pooled_mean_hides():
+    """Pooled over the seeds the entry is ahead; seed 1 alone it lost."""
+    entry = {0: {"a": 1, "b": 1, "c": 1}, 1: {"a": 0, "b": 1, "c": 1}, 2: {"a": 1, "b": 1, "c": 1}}
+    base = {0: {"a": 0, "b": 0, "c": 0}, 1: {"a": 1, "b": 1, "c": 1}, 3: {"a": 0, "b": 0, "c": 0}}
+    assert per_problem_paired(entry, base)["mean"] == pytest.approx(1 / 3)  # a (1-1)/2, b (1+0)/2, c (1+0)/2
+    by_seed = per_problem_by_seed(entry, base)
+    assert sorted(by_seed) == [0, 1]  # the seeds both have
+    assert by_seed[0]["mean"] == pytest.approx(1.0) and by_seed[1]["mean"] == pytest.approx(-1 / 3)
+    assert by_seed[1]["problems"] == 3 and by_seed[1]["seeds"] == 1
+    assert by_seed[1] == per_problem_paired({1: entry[1]}, {1: base[1]})
+    assert per_problem_by_seed(entry, {7: {"a": 1}}) == {}

@@ -17,6 +17,7 @@ from mutualrl.runtime.eval_analysis import (
     answer_shapes,
     answer_style,
     correct_by_problem,
+    per_problem_by_seed,
     per_problem_paired,
     read_evals,
 )
@@ -238,6 +239,8 @@ def _policy_row(seeds: dict[int, dict], base: dict[int, dict], is_baseline: bool
     correct = {s: v["correct"] for s, v in seeds.items() if v.get("correct")}
     b_correct = {s: v["correct"] for s, v in base.items() if v.get("correct")}
     row["per_problem_vs_baseline"] = per_problem_paired(correct, b_correct) if not is_baseline else None
+    by_seed = per_problem_by_seed(correct, b_correct) if not is_baseline else {}
+    row["per_problem_by_seed"] = by_seed if len(by_seed) > 1 else None  # one seed: the figure above already
     row["style"] = _mean_style([v["style"] for v in seeds.values() if v.get("style")])
     row["sharing"] = _mean_counts([v["sharing"] for v in seeds.values() if v.get("sharing")])
     # the examples of the first seed that kept any: what the hints and rescues looked like

@@ -210,24 +210,31 @@ def _detail_lines(entries: dict, policies: list[str], edges: dict | None = None)
             text += f"; {shapes}"
         return text
 
-    def problems(x: dict | None) -> str:
+    def problems(x: dict | None, by_seed: dict | None) -> str:
         if x is None:
             return "–"
         if x.get("per_seed_sets"):  # each seed its own held-out set: (seed, problem) pairs are the units
-            return f"{format_ci(x, signed=True)} ({x['problems']} seed-problem pairs over {x['seeds']} seeds)"
-        return f"{format_ci(x, signed=True)} ({x['problems']} problems × {x['seeds']} seeds)"
+            text = f"{format_ci(x, signed=True)} ({x['problems']} seed-problem pairs over {x['seeds']} seeds)"
+        else:
+            text = f"{format_ci(x, signed=True)} ({x['problems']} problems × {x['seeds']} seeds)"
+        if by_seed:  # results.json's keys are strings once read back
+            text += "; by seed: " + ", ".join(f"{s} {format_ci(by_seed[s], signed=True)}"
+                                             for s in sorted(by_seed, key=int))
+        return text
 
     out = ["Answers at the start and at the end: the first and the last held-out evaluation's greedy answers (mean "
            "length, share in the task's form, share that show work), where the records have it the sampling "
            "entropy of the first and the last step's own rollouts (mean −log π of their tokens), and the answers' "
-           "most common shapes (numbers as #) with their shares over the runs.", "",
+           "most common shapes (numbers as #) with their shares over the runs. The per-problem paired difference "
+           "averages each problem's difference over the seeds; with two seeds or more each seed's own follows (its "
+           "problems the units), so a seed where the entry lost shows beside a positive mean.", "",
            "| entry | policy | per-problem paired vs baseline | answers at the start | answers at the end | "
            "sharing per run (mean) |", "|---|---|---|---|---|---|"]
     for e, p, r in rows:
         st = r.get("style") or {}
         sharing = _sharing_text(r.get("sharing"), _receives_nothing((edges or {}).get(e), p))
-        out.append(f"| {e} | {p} | {problems(r.get('per_problem_vs_baseline'))} | {style(st.get('start'))} | "
-                   f"{style(st.get('final'))} | {sharing} |")
+        paired = problems(r.get("per_problem_vs_baseline"), r.get("per_problem_by_seed"))
+        out.append(f"| {e} | {p} | {paired} | {style(st.get('start'))} | {style(st.get('final'))} | {sharing} |")
     return [*out, ""]
 
 
