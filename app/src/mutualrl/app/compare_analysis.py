@@ -240,7 +240,7 @@ def _policy_row(seeds: dict[int, dict], base: dict[int, dict], is_baseline: bool
     b_correct = {s: v["correct"] for s, v in base.items() if v.get("correct")}
     row["per_problem_vs_baseline"] = per_problem_paired(correct, b_correct) if not is_baseline else None
     by_seed = per_problem_by_seed(correct, b_correct) if not is_baseline else {}
-    row["per_problem_by_seed"] = by_seed if len(by_seed) > 1 else None  # one seed: the figure above already
+    row["per_problem_by_seed"] = by_seed if len(by_seed) > 1 else None  # one seed: the pooled figure is that seed's
     row["style"] = _mean_style([v["style"] for v in seeds.values() if v.get("style")])
     row["sharing"] = _mean_counts([v["sharing"] for v in seeds.values() if v.get("sharing")])
     # the examples of the first seed that kept any: what the hints and rescues looked like
