@@ -213,10 +213,10 @@ def _detail_lines(entries: dict, policies: list[str], edges: dict | None = None)
     def problems(x: dict | None, by_seed: dict | None) -> str:
         if x is None:
             return "–"
-        if x.get("per_seed_sets"):  # each seed its own held-out set: (seed, problem) pairs are the units
-            text = f"{format_ci(x, signed=True)} ({x['problems']} seed-problem pairs over {x['seeds']} seeds)"
-        else:
-            text = f"{format_ci(x, signed=True)} ({x['problems']} problems × {x['seeds']} seeds)"
+        # per_seed_sets: each seed had its own held-out set, so (seed, problem) pairs are the units
+        units = (f"{x['problems']} seed-problem pairs over {x['seeds']} seeds" if x.get("per_seed_sets")
+                 else f"{x['problems']} problems × {x['seeds']} seeds")
+        text = f"{format_ci(x, signed=True)} ({units})"
         if by_seed:  # results.json's keys are strings once read back
             text += "; by seed: " + ", ".join(f"{s} {format_ci(by_seed[s], signed=True)}"
                                              for s in sorted(by_seed, key=int))
