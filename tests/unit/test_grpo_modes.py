@@ -232,6 +232,23 @@ def test_hacpo_advantage_hand_computed():
     assert adv.tolist() == pytest.approx(expect, abs=1e-6)
 
 
+def test_hacpo_pushes_down_every_own_row_of_an_all_fail_group_that_a_peer_solved():
+    """GRPO gives a group whose own rows all failed no gradient; HACPO's joint baseline does not (§2.3). Between two
+    model families the peer's rows sit below the ratio's lower bound (no gradient, §2.6), so this push-down is all
+    that is left on such a prompt."""
+    # weak learner k: own [0,0,0,0] (P_k floored: ω^(k,j) clipped to 0.1); peer j: [1,1,0,0]
+    # μ̂ = (0·4 + 0.1·(1+1+0+0)) / 8 = 0.025; σ_joint = std([0,0,0,0,1,1,0,0], N-1) = sqrt(1.5/7) = 0.462910
+    # own rows: A = (0 − 0.025) / 0.462910 = −0.054006
+    r = torch.tensor([0.0, 0, 0, 0, 1, 1, 0, 0])
+    g = torch.zeros(8, dtype=torch.long)
+    is_self = torch.tensor([True] * 4 + [False] * 4)
+    adv, base = hacpo_advantages(r, g, torch.tensor([1.0] * 4 + [0.1] * 4), is_self, epsilon=0.0)
+    assert base.tolist() == pytest.approx([0.025] * 8)
+    assert adv[:4].tolist() == pytest.approx([-0.054006] * 4, abs=1e-6)
+    own_only, _ = hacpo_advantages(r[:4], g[:4], torch.ones(4), is_self[:4])
+    assert own_only.abs().max() == 0  # the same group without the peer's rows: identical rewards, no gradient
+
+
 def test_hacpo_guards():
     g = torch.zeros(4, dtype=torch.long)
     is_self = torch.tensor([True, True, False, False])

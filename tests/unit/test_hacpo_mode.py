@@ -31,6 +31,7 @@ def test_hacpo_warns_once_a_streak_of_steps_keeps_no_cross_row_at_or_above_its_l
         (msg,) = _warnings(caplog)
         assert "policy smollm2" in msg and f"for {INERT_WARN_STEPS} steps" in msg
         assert "ratio 0.12" in msg and "lower bound 0.863" in msg and "sgt_r" in msg
+        assert "every own row is pushed down" in msg  # what still moves the policy: the mixed baseline (§2.3)
         for _ in range(INERT_WARN_STEPS):  # the same streak goes on: said once
             _step(mode, 32, 1.0)
         assert len(_warnings(caplog)) == 1
