@@ -126,7 +126,7 @@ class Hacpo(SharingMode):
         against 0.85), so the run is GSPO on its own rows with a mixed baseline, not sharing — the user should hear
         it during the run, not from the report afterwards. The warning names the baseline because it is what still
         moves a weak policy then: its all-fail groups on prompts a peer solved push every own row down, where GRPO
-        would leave them at zero (pair A's HACPO seed 1: SmolLM2 46.9 % → 14.5 % held-out in 10 steps)."""
+        would leave them at zero (measured between two real families in §2.7)."""
         split = cross_rows_split(metrics)
         if split is not None:
             self._inert_steps = self._inert_steps + 1 if split[1] < 1 else 0
