@@ -552,6 +552,35 @@ def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_to
             "trained |") in md
 
 
+def test_the_report_gives_sgts_trained_successes_a_step_and_calls_fewer_than_one_not_exercised(tmp_path):
+    """SGT trains its NLL on a peer's verified successes (``rescue_count`` a step): the issue's rule for a receiver
+    with < 1 trained rescue a step ("not exercised", never "no harm") holds for SGT's rows as it does for SGT-R's."""
+    base = _fake_run([])
+    rescues_by_policy = [[1, 2, 1, 0], [0, 1, 0, 0]]  # policy 0: 1.0 a step (exercised); policy 1: 0.25
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        if cfg.sharing.mode != "sgt":
+            return
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        recs = [r for r in recs if r["step"] != 2]  # the step-2 records, rebuilt below
+        for p, counts in zip(cfg.policies, rescues_by_policy):
+            for step, n in enumerate(counts, start=1):
+                recs.append({"step": step, "policy": p.name, "rescue_count": n,
+                             **({"rollouts": 256, "eval_accuracy": 0.3} if step == 2 else {})})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    first, second = (p.name for p in load_config(ROOT / "examples" / "demo.yaml").policies)
+    assert res["pairs"]["demo"]["sgt"][first]["sharing"]["rescues_per_step"] == 1.0
+    assert res["pairs"]["demo"]["sgt"][second]["sharing"]["rescues_per_step"] == 0.25
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| SGT rescues 4 (1.0 a step) |" in md
+    assert "| SGT rescues 1 (0.2 a step) — **not exercised** (< 1 trained success a step) |" in md
+
+
 def test_the_plotted_accuracy_band_stays_inside_zero_and_one():
     """Two seeds' t-interval is wider than the scale (pair A's SmolLM2 curves had ±1.3 around 0.5): the plot clips
     the band to accuracy's range and leaves a narrow one as it is."""

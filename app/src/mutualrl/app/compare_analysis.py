@@ -54,10 +54,11 @@ did not learn from its rescues."""
 
 
 def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
-    """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, SGT-R's trained rescues per step, each of
-    :data:`RESCUE_MEANS` as its mean over the steps that recorded it (absent when none did), and where HACPO took
-    cross rows, their sum, those below the ratio's lower bound (no gradient under its hard clamp, docs/algorithms.md
-    §2.7) and those a step left not below it (the most that trained: the clamp also holds a row above 1)."""
+    """Per policy: the run's sums of :data:`SHARING_COUNTS`, its steps, SGT-R's trained rescues and SGT's trained
+    successes per step, each of :data:`RESCUE_MEANS` as its mean over the steps that recorded it (absent when none
+    did), and where HACPO took cross rows, their sum, those below the ratio's lower bound (no gradient under its hard
+    clamp, docs/algorithms.md §2.7) and those a step left not below it (the most that trained: the clamp also holds a
+    row above 1)."""
     out: dict[str, dict[str, float]] = {}
     means: dict[str, dict[str, list[float]]] = {}
     for rec in records:
@@ -75,6 +76,7 @@ def _sharing_counts(records: list[dict]) -> dict[str, dict[str, float]]:
                 means.setdefault(rec["policy"], {}).setdefault(k, []).append(float(rec[k]))
     for policy, c in out.items():
         c["trained_per_step"] = c["rescue_trained"] / c["steps"] if c["steps"] else 0.0
+        c["rescues_per_step"] = c["rescue_count"] / c["steps"] if c["steps"] else 0.0
         if "cross_rows" in c:
             c["cross_not_below_per_step"] = (c["cross_rows"] - c["cross_below_bound"]) / c["steps"]
         c.update({k: sum(v) / len(v) for k, v in means.get(policy, {}).items()})

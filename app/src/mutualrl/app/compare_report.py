@@ -151,9 +151,9 @@ def _rescue_weight_text(c: dict) -> str:
 
 def _sharing_text(c: dict | None, alone: bool = False) -> str:
     """One entry's sharing per run: SGT-R's hints, rescue samples and trained rescues (< 1 trained a step is "not
-    exercised"), SGT's rescues, or HACPO's cross rows and how many sat below the ratio's lower bound, where they have
-    no gradient (< 1 a step not below it is "not exercised" too); for a policy that learns ``alone`` in the entry,
-    that its difference is noise."""
+    exercised"), SGT's rescues (the peer successes its NLL trained on; < 1 a step is "not exercised" too), or HACPO's
+    cross rows and how many sat below the ratio's lower bound, where they have no gradient (< 1 a step not below it
+    is "not exercised" too); for a policy that learns ``alone`` in the entry, that its difference is noise."""
     if not _shared(c):
         return "receives nothing (no edge into it): its paired difference is the runs' own variation" if alone else "–"
     if c.get("cross_rows"):  # HACPO's runs (no other mode records cross rows)
@@ -167,7 +167,9 @@ def _sharing_text(c: dict | None, alone: bool = False) -> str:
                 f"{c['hints_masked']:.0f}, refused {c['hints_refused']:.0f}); samples {c['rescue_samples']:.0f}, "
                 f"rescued {c['rescued']:.0f}, trained {c['rescue_trained']:.0f} ({c['trained_per_step']:.1f} a "
                 f"step){_rescue_weight_text(c)}{note}")
-    return f"SGT rescues {c['rescue_count']:.0f}"
+    per_step = c.get("rescues_per_step", 0.0)
+    note = "" if per_step >= 1 else " — **not exercised** (< 1 trained success a step)"
+    return f"SGT rescues {c['rescue_count']:.0f} ({per_step:.1f} a step){note}"
 
 
 def _receives_nothing(edges: dict | None, policy: str) -> bool:
