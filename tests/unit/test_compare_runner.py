@@ -519,12 +519,10 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
     assert "; `#` 50 %, `# + # = #` 33 %, `# + # equals #.` 17 % |" in md
 
 
-def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_too_few_above_it_not_exercised(tmp_path):
-    """HACPO's hard clamp leaves a cross row below the ratio's lower bound no gradient (§2.7): the report sums each
-    step's ``cross_rows × cross_discarded_frac`` and calls a receiver with < 1 cross row a step not below the bound "not
-    exercised", as it does SGT-R's with < 1 trained rescue a step."""
+def _sgt_runs_with_step_records(per_policy: list[list[dict]]):
+    """The fake run, whose `sgt` entry records for each policy (in the spec's order) one record a step with the given
+    counts, step 2 also carrying the evaluation the report reads; the other entries' runs are left as they are."""
     base = _fake_run([])
-    below_by_policy = [[1.0, 1.0, 0.9375, 1.0], [0.5, 0.5, 0.5, 0.5]]  # policy 0: 2 of 128 not below; policy 1: half
 
     def run(cfg, d: Path):
         base(cfg, d)
@@ -532,12 +530,21 @@ def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_to
             return
         recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
         recs = [r for r in recs if r["step"] != 2]  # the step-2 records, rebuilt below
-        for p, fracs, rows in zip(cfg.policies, below_by_policy, (32, 16)):
-            for step, frac in enumerate(fracs, start=1):
-                recs.append({"step": step, "policy": p.name, "cross_rows": rows, "cross_discarded_frac": frac,
+        for p, steps in zip(cfg.policies, per_policy):
+            for step, counts in enumerate(steps, start=1):
+                recs.append({"step": step, "policy": p.name, **counts,
                              **({"rollouts": 256, "eval_accuracy": 0.3} if step == 2 else {})})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return run
 
+
+def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_too_few_above_it_not_exercised(tmp_path):
+    """HACPO's hard clamp leaves a cross row below the ratio's lower bound no gradient (§2.7): the report sums each
+    step's ``cross_rows × cross_discarded_frac`` and calls a receiver with < 1 cross row a step not below the bound "not
+    exercised", as it does SGT-R's with < 1 trained rescue a step."""
+    below_by_policy = [[1.0, 1.0, 0.9375, 1.0], [0.5, 0.5, 0.5, 0.5]]  # policy 0: 2 of 128 not below; policy 1: half
+    run = _sgt_runs_with_step_records([[{"cross_rows": rows, "cross_discarded_frac": f} for f in fracs]
+                                       for fracs, rows in zip(below_by_policy, (32, 16))])
     spec = CompareSpec.load(_spec(tmp_path))
     run_all(spec, tmp_path / "out", run)
     res = write_report(spec, tmp_path / "out")
@@ -555,21 +562,8 @@ def test_the_report_counts_hacpos_cross_rows_below_the_ratios_bound_and_calls_to
 def test_the_report_gives_sgts_trained_successes_a_step_and_calls_fewer_than_one_not_exercised(tmp_path):
     """SGT trains its NLL on a peer's verified successes (``rescue_count`` a step): the issue's rule for a receiver
     with < 1 trained rescue a step ("not exercised", never "no harm") holds for SGT's rows as it does for SGT-R's."""
-    base = _fake_run([])
     rescues_by_policy = [[1, 2, 1, 0], [0, 1, 0, 0]]  # policy 0: 1.0 a step (exercised); policy 1: 0.25
-
-    def run(cfg, d: Path):
-        base(cfg, d)
-        if cfg.sharing.mode != "sgt":
-            return
-        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-        recs = [r for r in recs if r["step"] != 2]  # the step-2 records, rebuilt below
-        for p, counts in zip(cfg.policies, rescues_by_policy):
-            for step, n in enumerate(counts, start=1):
-                recs.append({"step": step, "policy": p.name, "rescue_count": n,
-                             **({"rollouts": 256, "eval_accuracy": 0.3} if step == 2 else {})})
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-
+    run = _sgt_runs_with_step_records([[{"rescue_count": n} for n in counts] for counts in rescues_by_policy])
     spec = CompareSpec.load(_spec(tmp_path))
     run_all(spec, tmp_path / "out", run)
     res = write_report(spec, tmp_path / "out")
