@@ -149,6 +149,12 @@ def _rescue_weight_text(c: dict) -> str:
     return text
 
 
+def _not_exercised(per_step: float, what: str) -> str:
+    """The issue's rule for every mode's row: a receiver that trained fewer than one of ``what`` on average is "not
+    exercised" (never "no harm" or a gain)."""
+    return "" if per_step >= 1 else f" — **not exercised** (< 1 {what})"
+
+
 def _sharing_text(c: dict | None, alone: bool = False) -> str:
     """One entry's sharing per run: SGT-R's hints, rescue samples and trained rescues (< 1 trained a step is "not
     exercised"), SGT's rescues (the peer successes its NLL trained on; < 1 a step is "not exercised" too), or HACPO's
@@ -158,17 +164,16 @@ def _sharing_text(c: dict | None, alone: bool = False) -> str:
         return "receives nothing (no edge into it): its paired difference is the runs' own variation" if alone else "–"
     if c.get("cross_rows"):  # HACPO's runs (no other mode records cross rows)
         below, rest = c["cross_below_bound"], c["cross_not_below_per_step"]
-        note = "" if rest >= 1 else " — **not exercised** (< 1 cross row a step not below the bound)"
         return (f"HACPO cross rows {c['cross_rows']:.0f}, {below:.0f} below the ratio's lower bound "
-                f"({below / c['cross_rows'] * 100:.0f} %, no gradient): at most {rest:.1f} a step trained{note}")
+                f"({below / c['cross_rows'] * 100:.0f} %, no gradient): at most {rest:.1f} a step trained"
+                f"{_not_exercised(rest, 'cross row a step not below the bound')}")
     if c.get("rescue_samples"):
-        note = "" if c["trained_per_step"] >= 1 else " — **not exercised** (< 1 trained rescue a step)"
         return (f"hints {c['hints_offered']:.0f} (gated out {c['hints_gated_out']:.0f}, masked "
                 f"{c['hints_masked']:.0f}, refused {c['hints_refused']:.0f}); samples {c['rescue_samples']:.0f}, "
                 f"rescued {c['rescued']:.0f}, trained {c['rescue_trained']:.0f} ({c['trained_per_step']:.1f} a "
-                f"step){_rescue_weight_text(c)}{note}")
+                f"step){_rescue_weight_text(c)}{_not_exercised(c['trained_per_step'], 'trained rescue a step')}")
     per_step = c.get("rescues_per_step", 0.0)
-    note = "" if per_step >= 1 else " — **not exercised** (< 1 trained success a step)"
+    note = _not_exercised(per_step, "trained success a step")
     return f"SGT rescues {c['rescue_count']:.0f} ({per_step:.1f} a step){note}"
 
 
