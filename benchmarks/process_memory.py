@@ -95,8 +95,9 @@ def run_measured(cmd: list[str], log: Path) -> dict:
     shared memory (``peak_anon_gib``), each process's own peaks by role (``process_peak_gib``,
     ``process_peak_anon_gib``), wall seconds, and the samples themselves (``timeline``: [epoch seconds, RSS GiB,
     anon GiB] every 0.25 s, to line up with a run's step end times: which phase sets the peak), the host's available
-    memory at the start and its major page faults while the command ran (``host``). Exits naming the log when the
-    command fails."""
+    memory at the start and its major page faults while the command ran (``host``), and the CPU seconds and minor
+    page faults of the command and the children it waited for (``cpu``). Exits naming the log when the command
+    fails."""
     peak = [0, 0]
     timeline: list[list[float]] = []
     per_role: dict[str, int] = {}
@@ -122,7 +123,8 @@ def run_measured(cmd: list[str], log: Path) -> dict:
 
         th = threading.Thread(target=sample, daemon=True)
         th.start()
-        rc = proc.wait()
+        _, status, usage = os.wait4(proc.pid, 0)  # the CPU time and page faults too (of the tree it waited for)
+        rc = proc.returncode = os.waitstatus_to_exitcode(status)
         stop.set()
         th.join()
     if rc != 0:
@@ -131,5 +133,6 @@ def run_measured(cmd: list[str], log: Path) -> dict:
             "process_peak_gib": {k: v / 2**30 for k, v in sorted(per_role.items())},
             "process_peak_anon_gib": {k: v / 2**30 for k, v in sorted(per_role_anon.items())},
             "wall_s": time.monotonic() - t0, "timeline": timeline,
+            "cpu": {"user_s": usage.ru_utime, "system_s": usage.ru_stime, "minor_faults": usage.ru_minflt},
             "host": {"available_gib_at_start": round(before["available_gib"], 2),
                      "major_faults": host_memory()["major_faults"] - before["major_faults"]}}

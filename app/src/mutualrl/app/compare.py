@@ -125,7 +125,11 @@ def run_label(entry: str, pair: str, seed: int) -> str:
 
 def _train_one(runner: Callable, cfg, d: Path, threads: int | None) -> None:
     """One run, in a worker process of a parallel compare: torch gets its share of the cores
-    (threads spinning on oversubscribed cores cost more than they give)."""
+    (threads spinning on oversubscribed cores cost more than they give). A spawned worker does not pass through
+    the CLI's ``main``, so it sets the allocator itself."""
+    from mutualrl.runtime.memory import reuse_freed_pages
+
+    reuse_freed_pages()
     if threads:
         import torch
 

@@ -1,4 +1,4 @@
-"""Giving freed memory back to the operating system.
+"""Where freed memory goes: to the next tensor (:func:`reuse_freed_pages`) or back to the operating system.
 
 glibc's allocator keeps what a process frees for its own later use: after a policy's model is loaded, evaluated and
 dropped (the `up` launcher), or after a learner's update frees its activations, the process still holds its
@@ -20,6 +20,9 @@ import gc
 import os
 
 RETURN_FREED_MEMORY_ENV = "MUTUALRL_RETURN_FREED_MEMORY"
+REUSE_FREED_PAGES_ENV = "MUTUALRL_REUSE_FREED_PAGES"
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt's parameter numbers (glibc's malloc.h)
+_OFF = ("0", "false", "no", "off")
 
 
 @functools.cache
@@ -33,13 +36,52 @@ def _libc_trim():
         return None
 
 
+@functools.cache
+def _libc_mallopt():
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):  # musl, macOS: no mallopt
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def reuse_freed_pages() -> bool:
+    """Have the C allocator hand a freed tensor's pages to the next tensor instead of back to the kernel; True when
+    glibc took the settings. Called once at process start, before the first model is built.
+
+    Why: glibc serves each allocation over its mmap threshold (128 KiB, rising to at most 32 MiB) with a fresh
+    ``mmap`` and unmaps it at ``free``. On the CPU nearly every tensor an op makes is that large (a layer's
+    activations, a micro-batch's logits: 49,152 columns a token for SmolLM2), so each op receives new zero pages,
+    and the kernel takes one page fault per 4 KiB to give them. On our 2-core VM that was as much system time as
+    compute time (``benchmarks/bench_malloc.py``). With ``mmap`` off for allocations (``M_MMAP_MAX`` 0) and the
+    heap's automatic trim off (``M_TRIM_THRESHOLD`` at its maximum), large tensors come from the heap and a freed
+    one's pages, already mapped, serve the next.
+
+    The host still gets memory back where the code asks for it: :func:`return_freed_memory` (after an update, after
+    a policy's model is dropped) calls ``malloc_trim``, which releases free pages whatever the threshold. Where
+    ``mmap`` cannot be avoided (the heap cannot grow), glibc still falls back to it. A no-op returning False where
+    glibc is not the allocator or ``MUTUALRL_REUSE_FREED_PAGES`` is ``0``/``false``/``no``/``off`` (glibc's own
+    defaults: the baseline of the benchmark)."""
+    if os.environ.get(REUSE_FREED_PAGES_ENV, "1").strip().lower() in _OFF:
+        return False
+    mallopt = _libc_mallopt()
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
 def return_freed_memory(collect: bool = False) -> bool:
     """Ask the C allocator to give free pages back (after a garbage collection with ``collect``: tensors held only
     by reference cycles); True when it gave some. False, without trimming, where ``MUTUALRL_RETURN_FREED_MEMORY`` is
     ``0``/``false``/``no``/``off``."""
     if collect:
         gc.collect()
-    if os.environ.get(RETURN_FREED_MEMORY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if os.environ.get(RETURN_FREED_MEMORY_ENV, "1").strip().lower() in _OFF:
         return False
     trim = _libc_trim()
     if trim is None:

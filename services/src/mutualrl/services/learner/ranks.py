@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from mutualrl.config.schema import PolicyConfig
+from mutualrl.runtime.memory import reuse_freed_pages
 
 RANK_TIMEOUT_S = 1800.0  # a collective waits this long for a rank before the group fails
 
@@ -140,6 +141,7 @@ def run_learner_rank(config: Path, policy: str, out_dir: Path, rank: int, world:
     from mutualrl.weights import WeightStore
 
     exit_with_parent()
+    reuse_freed_pages()  # a rank is started with ``-m`` of this module, not through the CLI's main
     if os.environ.get("MUTUALRL_TORCH_THREADS"):
         torch.set_num_threads(int(os.environ["MUTUALRL_TORCH_THREADS"]))
     cfg = load_config(config)
