@@ -25,29 +25,28 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt's parameter numbers (glibc's 
 _OFF = ("0", "false", "no", "off")
 
 
-@functools.cache
-def _libc_trim():
+def _libc(symbol: str, argtypes: list):
+    """The C library's ``symbol`` with its argument types, or None where there is none (musl, macOS: no
+    ``malloc_trim``/``mallopt``)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        return ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # musl, macOS: no malloc_trim
+        fn = getattr(ctypes.CDLL(name), symbol)
+    except (OSError, AttributeError):
         return None
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return fn
+
+
+@functools.cache
+def _libc_trim():
+    return _libc("malloc_trim", [ctypes.c_size_t])
 
 
 @functools.cache
 def _libc_mallopt():
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        fn = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):  # musl, macOS: no mallopt
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    return _libc("mallopt", [ctypes.c_int, ctypes.c_int])
 
 
 def reuse_freed_pages() -> bool:
@@ -86,8 +85,6 @@ def return_freed_memory(collect: bool = False) -> bool:
     trim = _libc_trim()
     if trim is None:
         return False
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
     return bool(trim(0))
 
 
