@@ -673,8 +673,8 @@ def _inspect_tokenizer(label: str, spec: str):
 
 def main() -> None:
     """The `mutualrl` console script: the Typer app, with Ctrl-C as exit 130 and no traceback. Every process a run
-    starts comes through here (the services of `up`, the workers of MWRA's local backend), so this is where the
-    allocator is set to reuse freed tensors' pages (mutualrl.runtime.memory)."""
+    starts comes through here (`run`, `compare`, and the services `up` launches with `-m mutualrl.app.cli`), so the
+    allocator is set here to reuse freed tensors' pages (mutualrl.runtime.memory)."""
     from mutualrl.runtime.memory import reuse_freed_pages
 
     reuse_freed_pages()
