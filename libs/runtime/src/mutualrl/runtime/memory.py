@@ -22,7 +22,11 @@ import os
 RETURN_FREED_MEMORY_ENV = "MUTUALRL_RETURN_FREED_MEMORY"
 REUSE_FREED_PAGES_ENV = "MUTUALRL_REUSE_FREED_PAGES"
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt's parameter numbers (glibc's malloc.h)
-_OFF = ("0", "false", "no", "off")
+
+
+def _switched_off(env: str) -> bool:
+    """True where the environment variable ``env`` is ``0``/``false``/``no``/``off`` (unset: on)."""
+    return os.environ.get(env, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def _libc(symbol: str, argtypes: list):
@@ -66,7 +70,7 @@ def reuse_freed_pages() -> bool:
     ``mmap`` cannot be avoided (the heap cannot grow), glibc still falls back to it. A no-op returning False where
     glibc is not the allocator or ``MUTUALRL_REUSE_FREED_PAGES`` is ``0``/``false``/``no``/``off`` (glibc's own
     defaults: the baseline of the benchmark)."""
-    if os.environ.get(REUSE_FREED_PAGES_ENV, "1").strip().lower() in _OFF:
+    if _switched_off(REUSE_FREED_PAGES_ENV):
         return False
     mallopt = _libc_mallopt()
     if mallopt is None:
@@ -80,7 +84,7 @@ def return_freed_memory(collect: bool = False) -> bool:
     ``0``/``false``/``no``/``off``."""
     if collect:
         gc.collect()
-    if os.environ.get(RETURN_FREED_MEMORY_ENV, "1").strip().lower() in _OFF:
+    if _switched_off(RETURN_FREED_MEMORY_ENV):
         return False
     trim = _libc_trim()
     if trim is None:
