@@ -7,7 +7,9 @@ run >= 1.0x TRL, 1.5x hoped for; up >= 0.8x TRL), then our step's stages against
 plain ``model.generate`` of the same batch and a plain forward/backward/AdamW step of it.
 
 Rates are measured between the end of the first step and the end of the last, so model loading and
-process start-up are outside every figure (as in bench_services.py).
+process start-up are outside every figure (as in bench_services.py). Every side runs with the same C allocator
+settings (``--allocator``): the project's default, freed tensors' pages reused (docs/results/real/bench-malloc.md),
+or glibc's own; TRL's process takes the same settings, so the ratio is the trainers'.
 
     .venv/bin/python benchmarks/bench_vs_trl.py [--steps 4] [--prompts 8] [--group 4] [--max-new-tokens 48]
     [--pause-pgid PGID]   # stop another job's process group while measuring (a background compare)
@@ -75,7 +77,12 @@ def write_timeline(folder: Path | None, side: str, measured: dict, ends: list[fl
 
 # ---------------------------------------------------------------------------------------------- TRL
 def trl_worker(spec_file: Path, out_file: Path) -> None:
-    """TRL's GRPOTrainer configured to do our work (runs in its own process)."""
+    """TRL's GRPOTrainer configured to do our work (runs in its own process), with the allocator settings our side
+    has (``--allocator``: the environment variable it sets reaches this process too), so the ratio compares the
+    trainers and not glibc's settings."""
+    from mutualrl.runtime.memory import reuse_freed_pages
+
+    reuse_freed_pages()
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -203,11 +210,18 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None,
                     help="A folder to run in and keep (each side's run folder and log) instead of a temporary one. "
                          "It keeps each side's final checkpoint too (a few GB for SmolLM2): delete it when read.")
+    ap.add_argument("--allocator", choices=["reuse", "glibc"], default="reuse",
+                    help="The C allocator's settings on every side, TRL's included: reuse (the project's default, "
+                         "mutualrl.runtime.memory.reuse_freed_pages) or glibc (its own defaults, "
+                         "MUTUALRL_REUSE_FREED_PAGES=0).")
     ap.add_argument("--trl-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_worker:
         trl_worker(*args.trl_worker)
         return
+    from mutualrl.runtime.memory import REUSE_FREED_PAGES_ENV
+
+    os.environ[REUSE_FREED_PAGES_ENV] = "1" if args.allocator == "reuse" else "0"
     if args.pause_pgid:
         os.killpg(args.pause_pgid, signal.SIGSTOP)
     try:
@@ -310,7 +324,7 @@ def measure(args) -> dict:
         figures: dict = {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group,
                          "max_new_tokens": args.max_new_tokens, "device": args.device, "task": args.task,
                          "threads": os.cpu_count(), "model": f"{name} ({args.dtype})",
-                         "micro_batch": args.micro_batch}
+                         "micro_batch": args.micro_batch, "allocator": args.allocator}
         cli = [sys.executable, "-m", "mutualrl.app.cli"]
         for side in ("run", "up"):
             if side not in args.skip:
@@ -352,7 +366,8 @@ def measure(args) -> dict:
 def report(f: dict) -> None:
     print(f"\n{f['model']} on {f.get('device', 'cpu')}, isolated GRPO: {f['steps']} steps of "
           f"{f['prompts_per_step']} prompts x {f['group_size']} samples, <= {f['max_new_tokens']} new tokens, "
-          f"micro-batch {f.get('micro_batch') or 'none'}, {f['threads']} cores")
+          f"micro-batch {f.get('micro_batch') or 'none'}, {f['threads']} cores, allocator "
+          f"{f.get('allocator', 'glibc')} on every side")
     print(f"{'':8} {'steps/s':>9} {'s/step':>8} {'gen tok/s':>10} {'peak GiB':>9} {'host free GiB':>14} "
           f"{'major faults':>13}")
     for name in ("run", "up", "trl"):
