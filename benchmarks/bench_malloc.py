@@ -34,12 +34,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_pair_memory import per_policy  # noqa: E402
 from process_memory import run_measured  # noqa: E402
 
+from mutualrl.runtime.memory import RETURN_FREED_MEMORY_ENV, REUSE_FREED_PAGES_ENV  # noqa: E402
+
 CONFIG = ROOT / "examples" / "real" / "sharing" / "pair-a-warm.yaml"
 # each arm's allocator switches (mutualrl.runtime.memory); the first arm run is the baseline
 ARMS = {
-    "glibc": {"MUTUALRL_REUSE_FREED_PAGES": "0", "MUTUALRL_RETURN_FREED_MEMORY": "1"},
-    "reuse": {"MUTUALRL_REUSE_FREED_PAGES": "1", "MUTUALRL_RETURN_FREED_MEMORY": "1"},
-    "reuse-no-trim": {"MUTUALRL_REUSE_FREED_PAGES": "1", "MUTUALRL_RETURN_FREED_MEMORY": "0"},
+    "glibc": {REUSE_FREED_PAGES_ENV: "0", RETURN_FREED_MEMORY_ENV: "1"},
+    "reuse": {REUSE_FREED_PAGES_ENV: "1", RETURN_FREED_MEMORY_ENV: "1"},
+    "reuse-no-trim": {REUSE_FREED_PAGES_ENV: "1", RETURN_FREED_MEMORY_ENV: "0"},
 }
 
 

@@ -94,6 +94,7 @@ def main() -> None:
             out = where / mode
             res = run_measured([*cli, mode, str(cfg_file), "--out", str(out)], where / f"{mode}.log")
             res.update(per_policy(out / "metrics.jsonl"))
+            res.pop("timeline")  # a sample every 0.25 s: the peaks above are its figures
             figures[mode] = res
             print(f"{mode}: {res['steps']} steps, peak {res['peak_rss_gib']:.1f} GiB resident, "
                   f"{res['peak_anon_gib']:.1f} GiB anonymous + shared, {res['step_s']} s/step; processes (resident / "
