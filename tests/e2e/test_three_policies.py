@@ -43,12 +43,18 @@ def _check(records: list[dict]) -> None:
         e["rescues"] for r in by["qwen-bpe"] for e in r["edges"].values())
 
 
-def test_three_policies_under_a_sharing_graph_run_embedded(tmp_path):
+def test_three_policies_under_a_sharing_graph_run_embedded(tmp_path, monkeypatch):
+    import mutualrl.runtime.memory as memory
+
+    trims = []  # one process holds every policy: no learner hands its freed pages to the host
+    monkeypatch.delenv(memory.RETURN_FREED_MEMORY_ENV, raising=False)
+    monkeypatch.setattr(memory, "_libc_trim", lambda: lambda pad: trims.append(pad) or 1)
     args = ["run", str(CONFIG), "--out", str(tmp_path / "o")]
     for s in SMALL:
         args += ["--set", s]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, (result.output[-3000:], result.exception)
+    assert trims == []
     _check([json.loads(line) for line in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()])
 
 

@@ -366,6 +366,24 @@ def test_step_reads_device_values_back_once(arithmetic_task, minibatch_rows):
     assert reads.count == 1
 
 
+@pytest.mark.parametrize("shares_host", [True, False])
+def test_a_learner_returns_its_freed_pages_only_where_it_shares_the_host(arithmetic_task, monkeypatch, shares_host):
+    """A learner in its own process (`up`) trims after its update and its publish; one beside every other policy
+    (`run`) keeps the pages for its next update (mutualrl.runtime.memory)."""
+    import mutualrl.runtime.memory as memory
+
+    trims = []
+    monkeypatch.delenv(memory.RETURN_FREED_MEMORY_ENV, raising=False)
+    monkeypatch.setattr(memory, "_libc_trim", lambda: lambda pad: trims.append(pad) or 1)
+    ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3)
+    arts, eng, worker, learner = pols["a"]
+    learner.s.return_freed_memory = shares_host
+    problems = arithmetic_task.train[:8]
+    worker.run_step(1, problems)
+    learner.train_step(1, problems)
+    assert len(trims) == (2 if shares_host else 0)  # after the update and after the publish
+
+
 def test_non_finite_loss_raises_and_leaves_the_weights(arithmetic_task, monkeypatch):
     ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3)
     arts, eng, worker, learner = pols["a"]

@@ -61,6 +61,18 @@ def test_the_trim_can_be_turned_off_for_a_host_with_memory_to_spare(monkeypatch)
     assert return_freed_memory() is True and calls == [0, 0]
 
 
+def test_the_caller_says_whether_to_trim_and_the_environment_overrides_it(monkeypatch):
+    calls = []
+    monkeypatch.setattr(memory, "_libc_trim", lambda: lambda pad: calls.append(pad) or 1)
+    monkeypatch.delenv(memory.RETURN_FREED_MEMORY_ENV, raising=False)
+    assert return_freed_memory(default=False) is False and calls == []  # `run`'s learners: nobody to give to
+    assert return_freed_memory(default=True) is True and calls == [0]
+    monkeypatch.setenv(memory.RETURN_FREED_MEMORY_ENV, "on")
+    assert return_freed_memory(default=False) is True and calls == [0, 0]  # forced on
+    monkeypatch.setenv(memory.RETURN_FREED_MEMORY_ENV, "off")
+    assert return_freed_memory(default=True) is False and calls == [0, 0]  # forced off
+
+
 _CYCLES = """
 import resource, sys
 from mutualrl.runtime.memory import reuse_freed_pages

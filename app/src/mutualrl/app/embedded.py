@@ -157,7 +157,8 @@ def _build_runtimes(cfg: ExperimentConfig, task, verifier, cache: Path, exchange
                                   share=share, precision=pp.precision)
         worker = make_worker(cfg, pp, engine, exchange, verifier)
         learner = make_learner(cfg, pp, exchange, SharedModelSender() if share else store, registry, verifier,
-                               rescue_sample=engine_sampler(engine, worker.sampling))
+                               # one process holds every policy: an update's freed pages serve the next update
+                               rescue_sample=engine_sampler(engine, worker.sampling), shares_host=False)
         log = eval_log(out_dir, p.name)
         loop = LearnerLoop(learner, lambda model, step, pp=pp, log=log: evaluate(pp, model, task, verifier, cfg, log,
                                                                                 step),

@@ -6,10 +6,14 @@ high-water mark, and on a host that runs several services beside each other that
 have. ``malloc_trim(0)`` returns the free pages at the top of the heap and every wholly free page inside it. It
 is cheap (milliseconds) next to a model load or an update, and a no-op where glibc is not the allocator.
 
-It is not free for the next step, though: the pages given back are faulted in again by the next update. Measured
-under `mutualrl up` in fp32 (docs/results/real/bench-vs-trl.md), the learner's phase took 20.6 s a step with the
-trim after every update and 18.2 s without it, at the same peak. A host with memory to spare can keep the pages:
-``MUTUALRL_RETURN_FREED_MEMORY=0`` turns the trim off (the garbage collection still runs)."""
+It is not free for the next step, though: the pages given back are faulted in again by the next update. So a
+learner trims after its update only where it shares the host with other processes (`mutualrl up`, a compose
+file, a pod beside others): ``LearnerSettings.return_freed_memory``. Where one process holds every policy
+(`mutualrl run`, a compare worker) nobody else could have the pages, and the trim only costs: pair A under `run`
+with freed pages reused took 78.7 s a step with the trim and 49.7 s without it, at 15.3 and 15.5 GiB peak
+(benchmarks/bench_malloc.py, docs/results/real/bench-malloc.md). ``MUTUALRL_RETURN_FREED_MEMORY`` overrides the
+caller's choice: ``0`` never trims (a host with memory to spare), ``1`` always does (the garbage collection runs
+either way)."""
 
 from __future__ import annotations
 
@@ -24,9 +28,18 @@ REUSE_FREED_PAGES_ENV = "MUTUALRL_REUSE_FREED_PAGES"
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt's parameter numbers (glibc's malloc.h)
 
 
+def _switch(env: str) -> bool | None:
+    """The environment variable ``env`` as a switch: False for ``0``/``false``/``no``/``off``, True for any other
+    value, None where it is unset (the caller's default)."""
+    value = os.environ.get(env)
+    if value is None:
+        return None
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
 def _switched_off(env: str) -> bool:
     """True where the environment variable ``env`` is ``0``/``false``/``no``/``off`` (unset: on)."""
-    return os.environ.get(env, "1").strip().lower() in ("0", "false", "no", "off")
+    return _switch(env) is False
 
 
 def _libc(symbol: str, argtypes: list):
@@ -65,11 +78,11 @@ def reuse_freed_pages() -> bool:
     heap's automatic trim off (``M_TRIM_THRESHOLD`` at its maximum), large tensors come from the heap and a freed
     one's pages, already mapped, serve the next.
 
-    The host still gets memory back where the code asks for it: :func:`return_freed_memory` (after an update, after
-    a policy's model is dropped) calls ``malloc_trim``, which releases free pages whatever the threshold. Where
-    ``mmap`` cannot be avoided (the heap cannot grow), glibc still falls back to it. A no-op returning False where
-    glibc is not the allocator or ``MUTUALRL_REUSE_FREED_PAGES`` is ``0``/``false``/``no``/``off`` (glibc's own
-    defaults: the baseline of the benchmark)."""
+    The host still gets memory back where the code asks for it: :func:`return_freed_memory` (after the update of
+    a learner that shares its host, after a policy's model is dropped) calls ``malloc_trim``, which releases free
+    pages whatever the threshold. Where ``mmap`` cannot be avoided (the heap cannot grow), glibc still falls back to
+    it. A no-op returning False where glibc is not the allocator or ``MUTUALRL_REUSE_FREED_PAGES`` is
+    ``0``/``false``/``no``/``off`` (glibc's own defaults: the baseline of the benchmark)."""
     if _switched_off(REUSE_FREED_PAGES_ENV):
         return False
     mallopt = _libc_mallopt()
@@ -78,13 +91,15 @@ def reuse_freed_pages() -> bool:
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def return_freed_memory(collect: bool = False) -> bool:
+def return_freed_memory(collect: bool = False, default: bool = True) -> bool:
     """Ask the C allocator to give free pages back (after a garbage collection with ``collect``: tensors held only
-    by reference cycles); True when it gave some. False, without trimming, where ``MUTUALRL_RETURN_FREED_MEMORY`` is
-    ``0``/``false``/``no``/``off``."""
+    by reference cycles); True when it gave some. ``default`` says whether to trim at all (a learner alone in its
+    process trims, one beside the other policies in `run` does not); ``MUTUALRL_RETURN_FREED_MEMORY`` overrides it
+    (``0``/``false``/``no``/``off``: never, any other value: always). False, without trimming, where it does not."""
     if collect:
         gc.collect()
-    if _switched_off(RETURN_FREED_MEMORY_ENV):
+    wanted = _switch(RETURN_FREED_MEMORY_ENV)
+    if not (default if wanted is None else wanted):
         return False
     trim = _libc_trim()
     if trim is None:

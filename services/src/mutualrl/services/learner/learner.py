@@ -172,7 +172,8 @@ class Learner:
             self.weights.version += 1
             return
         self.weights.publish(step, weights)
-        return_freed_memory()  # a delta sender's previous base (a copy of the weights) back to the host
+        # a delta sender's previous base (a copy of the weights) back to the host (where it shares one)
+        return_freed_memory(default=self.s.return_freed_memory)
 
     def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None,
                    while_waiting=None) -> StepRecord:

@@ -28,3 +28,6 @@ class LearnerSettings:
     behaviour_correction: bool = False  # the decoupled objective without pipelining: the sampler's numbers differ
     behaviour_gap_bound: float | None = None  # auto: the p99 gap (nats) past which the correction turns on
     gradient_checkpointing: bool = False  # model.gradient_checkpointing
+    # give an update's freed pages back to the host: a learner beside other processes (`up`, a pod); not where one
+    # process holds every policy (`run`), whose next update would fault them in again (mutualrl.runtime.memory)
+    return_freed_memory: bool = True

@@ -58,10 +58,12 @@ def behaviour_correction(cfg: ExperimentConfig, backend: str, precision: Precisi
 def make_learner(
     cfg: ExperimentConfig, pp: PreparedPolicy, exchange: ExperienceExchange, store: WeightSender,
     registry: TokenizerRegistry, verifier: Verifier, peer_deadline_s: float = 5.0, device: str | None = None,
-    rescue_sample: SampleFn | None = None,
+    rescue_sample: SampleFn | None = None, shares_host: bool = True,
 ) -> Learner:
     """A policy's learner from the config: its optimiser settings per mode, its peer intake, with a KL term a
-    frozen reference model, and under SGT-R its rescue round on ``rescue_sample`` (the policy's own engine)."""
+    frozen reference model, and under SGT-R its rescue round on ``rescue_sample`` (the policy's own engine).
+    ``shares_host``: it runs in a process of its own beside others, so gives its update's freed pages back to the
+    host (False where one process holds every policy: mutualrl.runtime.memory)."""
     p = pp.config
     ref = None
     if cfg.algorithm.kl_coef > 0:
@@ -81,7 +83,7 @@ def make_learner(
         no_signal_warn_steps=cfg.eval.no_signal_steps, precision=pp.precision,
         behaviour_correction=behaviour_correction(cfg, p.engine.backend, pp.precision),
         behaviour_gap_bound=BEHAVIOUR_GAP_BOUND if cfg.algorithm.behaviour_correction == "auto" else None,
-        gradient_checkpointing=p.model.gradient_checkpointing,
+        gradient_checkpointing=p.model.gradient_checkpointing, return_freed_memory=shares_host,
     )
     learner = Learner(p.name, pp.arts.model, pp.arts.tokenizer, exchange, intake, store, settings, peers=peers,
                       ref_model=ref)
