@@ -4,9 +4,10 @@ The same `mutualrl run` (default: issue #44's pair A, SmolLM2-135M-Instruct + Qw
 bf16-mixed, 4 prompts x 8 samples, 48 new tokens, SGT-R) is run once per arm, each in its own process:
 - ``glibc``: glibc's own allocator settings (``MUTUALRL_REUSE_FREED_PAGES=0``, the baseline);
 - ``reuse``: the project's (mmap off for allocations, the heap's automatic trim off), with the ``malloc_trim`` after
-  each update that gives freed pages back to the host;
-- ``reuse-no-trim``: the same without that trim (``MUTUALRL_RETURN_FREED_MEMORY=0``): what the trim costs, in the
-  pages the next update faults in again, against what it saves.
+  each update forced on (``MUTUALRL_RETURN_FREED_MEMORY=1``): what a learner that shares its host does (`up`);
+- ``reuse-no-trim``: the same without that trim (``MUTUALRL_RETURN_FREED_MEMORY=0``), which is what `run` does by
+  default since 2026-12-05: what the trim costs, in the pages the next update faults in again, against what it
+  saves.
 Evaluation is cut to a few problems, and step checkpoints are off, so the steps are what is timed.
 Printed for each: seconds per step (between the ends of the first and the last step), the CPU seconds in user and
 kernel mode, the minor page faults, the peak resident memory of the process tree; then each arm's ratio to the
