@@ -366,22 +366,26 @@ def test_step_reads_device_values_back_once(arithmetic_task, minibatch_rows):
     assert reads.count == 1
 
 
-@pytest.mark.parametrize("shares_host", [True, False])
-def test_a_learner_returns_its_freed_pages_only_where_it_shares_the_host(arithmetic_task, monkeypatch, shares_host):
-    """A learner in its own process (`up`) trims after its update and its publish; one beside every other policy
-    (`run`) keeps the pages for its next update (mutualrl.runtime.memory)."""
+@pytest.mark.parametrize("shares_host,free,trimmed", [(True, 0.3, 2), (True, 0.8, 0), (False, 0.3, 0)])
+def test_a_learner_returns_its_freed_pages_where_it_shares_a_host_short_of_memory(arithmetic_task, monkeypatch,
+                                                                                 shares_host, free, trimmed):
+    """A learner in its own process (`up`) trims after its update and its publish while under half of its memory is
+    free; with more free, or beside every other policy in one process (`run`), it keeps the pages for its next
+    update (mutualrl.runtime.memory)."""
     import mutualrl.runtime.memory as memory
 
     trims = []
     monkeypatch.delenv(memory.RETURN_FREED_MEMORY_ENV, raising=False)
     monkeypatch.setattr(memory, "_libc_trim", lambda: lambda pad: trims.append(pad) or 1)
+    monkeypatch.setattr(memory, "free_memory_share", lambda: free)
     ex, store, pols = _setup(arithmetic_task, mode="none", lr=3e-3)
     arts, eng, worker, learner = pols["a"]
     learner.s.return_freed_memory = shares_host
+    assert learner.s.trim_when_free_below == 0.5  # the default
     problems = arithmetic_task.train[:8]
     worker.run_step(1, problems)
     learner.train_step(1, problems)
-    assert len(trims) == (2 if shares_host else 0)  # after the update and after the publish
+    assert len(trims) == trimmed  # after the update and after the publish, or never
 
 
 def test_non_finite_loss_raises_and_leaves_the_weights(arithmetic_task, monkeypatch):

@@ -73,6 +73,61 @@ def test_the_caller_says_whether_to_trim_and_the_environment_overrides_it(monkey
     assert return_freed_memory(default=True) is False and calls == [0, 0]  # forced off
 
 
+def test_with_free_below_it_trims_only_while_memory_is_short(monkeypatch):
+    calls, share = [], {"now": 0.8}
+    monkeypatch.setattr(memory, "_libc_trim", lambda: lambda pad: calls.append(pad) or 1)
+    monkeypatch.setattr(memory, "free_memory_share", lambda: share["now"])
+    monkeypatch.delenv(memory.RETURN_FREED_MEMORY_ENV, raising=False)
+    assert return_freed_memory(free_below=0.5) is False and calls == []  # 80 % free: keep the pages
+    share["now"] = 0.3
+    assert return_freed_memory(free_below=0.5) is True and calls == [0]  # 30 % free: give them back
+    assert return_freed_memory(default=False, free_below=0.5) is False and calls == [0]  # `run`: never
+    share["now"] = None
+    assert return_freed_memory(free_below=0.5) is True and calls == [0, 0]  # cannot tell: trim
+    share["now"] = 0.9
+    monkeypatch.setenv(memory.RETURN_FREED_MEMORY_ENV, "1")
+    assert return_freed_memory(free_below=0.5) is True and calls == [0, 0, 0]  # forced: short or not
+    monkeypatch.setenv(memory.RETURN_FREED_MEMORY_ENV, "0")
+    share["now"] = 0.1
+    assert return_freed_memory(free_below=0.5) is False and calls == [0, 0, 0]  # forced off: short or not
+
+
+def _meminfo(tmp_path, total_kib, available_kib):
+    (tmp_path / "meminfo").write_text(f"MemTotal:       {total_kib} kB\nMemFree:        1 kB\n"
+                                      f"MemAvailable:   {available_kib} kB\n")
+    return str(tmp_path / "meminfo")
+
+
+def test_the_free_share_is_the_hosts_or_a_smaller_cgroup_limits(tmp_path):
+    proc = _meminfo(tmp_path, 1000, 600)
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    assert memory.free_memory_share(proc, str(cg)) == pytest.approx(0.6)  # no cgroup files: the host's
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text("123\n")
+    assert memory.free_memory_share(proc, str(cg)) == pytest.approx(0.6)  # v2 without a limit
+    (cg / "memory.max").write_text(f"{4 * 2**30}\n")
+    (cg / "memory.current").write_text(f"{3 * 2**30}\n")
+    assert memory.free_memory_share(proc, str(cg)) == pytest.approx(0.25)  # a pod's limit, 3 of 4 GiB used
+    (cg / "memory.current").write_text(f"{5 * 2**30}\n")
+    assert memory.free_memory_share(proc, str(cg)) == 0.0  # over its limit (page cache counted): short
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2**63 - 4096}\n")  # v1's "no limit"
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("100\n")
+    assert memory.free_memory_share(proc, str(v1)) == pytest.approx(0.6)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("1000\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("900\n")
+    assert memory.free_memory_share(proc, str(v1)) == pytest.approx(0.1)
+    assert memory.free_memory_share(str(tmp_path / "none"), str(tmp_path / "none")) is None
+
+
+@linux_only
+def test_this_hosts_free_share_is_a_fraction():
+    share = memory.free_memory_share()
+    assert share is not None and 0.0 <= share <= 1.0
+
+
 _CYCLES = """
 import resource, sys
 from mutualrl.runtime.memory import reuse_freed_pages

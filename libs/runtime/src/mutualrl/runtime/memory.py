@@ -11,8 +11,12 @@ learner trims after its update only where it shares the host with other processe
 file, a pod beside others): ``LearnerSettings.return_freed_memory``. Where one process holds every policy
 (`mutualrl run`, a compare worker) nobody else could have the pages, and the trim only costs: pair A under `run`
 with freed pages reused took 78.7 s a step with the trim and 49.7 s without it, at 15.3 and 15.5 GiB peak
-(benchmarks/bench_malloc.py, docs/results/real/bench-malloc.md). ``MUTUALRL_RETURN_FREED_MEMORY`` overrides the
-caller's choice: ``0`` never trims (a host with memory to spare), ``1`` always does (the garbage collection runs
+(benchmarks/bench_malloc.py, docs/results/real/bench-malloc.md). And a learner that does share its host trims only
+when memory is short there (:func:`free_memory_share` under ``LearnerSettings.trim_when_free_below``, half by
+default): SmolLM2 alone under `up` trained 28.5 s a step trimming after every update and 11.4 s under `run`, its
+4 GiB of activations faulted in again each step, while the pair under `up` on 24 GiB needs the trims to stay under
+16 GiB (docs/results/real/pair-memory.md). ``MUTUALRL_RETURN_FREED_MEMORY`` overrides the caller's choice: ``0``
+never trims (a host with memory to spare), any other value always does, short or not (the garbage collection runs
 either way)."""
 
 from __future__ import annotations
@@ -91,16 +95,58 @@ def reuse_freed_pages() -> bool:
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def return_freed_memory(collect: bool = False, default: bool = True) -> bool:
+def _read_int(path: str) -> int | None:
+    """The integer in a one-line kernel file (a cgroup's ``memory.max``), None where it is absent, unreadable or
+    not a number (``max``: no limit)."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def free_memory_share(proc: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> float | None:
+    """The share of the memory this process may use that is still free: the host's ``MemAvailable / MemTotal``,
+    or, inside a cgroup with a limit (a container, a Kubernetes pod: cgroup v2's ``memory.max`` and
+    ``memory.current``, v1's ``memory/memory.limit_in_bytes`` and ``memory/memory.usage_in_bytes``), its
+    ``(limit - usage) / limit`` where that is smaller. A cgroup's usage counts its page cache, which the kernel
+    could reclaim, so the share errs towards short (a trim too many, never one too few). None where neither says.
+
+    Why the cgroup: a pod's limit, not the node's free memory, is what gets the learner killed."""
+    shares = []
+    try:
+        with open(proc) as f:
+            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f if ":" in line)}
+        if info.get("MemTotal"):
+            shares.append(info.get("MemAvailable", 0) / info["MemTotal"])
+    except (OSError, ValueError):
+        pass
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        limit = _read_int(os.path.join(cgroup, limit_file))
+        usage = _read_int(os.path.join(cgroup, usage_file))
+        if limit and usage is not None and limit < 2**60:  # v1 writes "no limit" as a huge number
+            shares.append(max(0.0, (limit - usage) / limit))
+            break
+    return min(shares) if shares else None
+
+
+def return_freed_memory(collect: bool = False, default: bool = True, free_below: float | None = None) -> bool:
     """Ask the C allocator to give free pages back (after a garbage collection with ``collect``: tensors held only
     by reference cycles); True when it gave some. ``default`` says whether to trim at all (a learner alone in its
-    process trims, one beside the other policies in `run` does not); ``MUTUALRL_RETURN_FREED_MEMORY`` overrides it
-    (``0``/``false``/``no``/``off``: never, any other value: always). False, without trimming, where it does not."""
+    process trims, one beside the other policies in `run` does not), and ``free_below`` whether only when memory is
+    short: when :func:`free_memory_share` is under it (None: whatever is free; where the share cannot be read, the
+    trim happens). ``MUTUALRL_RETURN_FREED_MEMORY`` overrides both (``0``/``false``/``no``/``off``: never, any other
+    value: always). False, without trimming, where it does not."""
     if collect:
         gc.collect()
     wanted = _switch(RETURN_FREED_MEMORY_ENV)
-    if not (default if wanted is None else wanted):
+    if wanted is False or (wanted is None and not default):
         return False
+    if wanted is None and free_below is not None:
+        share = free_memory_share()
+        if share is not None and share >= free_below:
+            return False  # memory to spare: the next update reuses these pages instead of faulting them in
     trim = _libc_trim()
     if trim is None:
         return False

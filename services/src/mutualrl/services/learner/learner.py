@@ -173,7 +173,7 @@ class Learner:
             return
         self.weights.publish(step, weights)
         # a delta sender's previous base (a copy of the weights) back to the host (where it shares one)
-        return_freed_memory(default=self.s.return_freed_memory)
+        return_freed_memory(default=self.s.return_freed_memory, free_below=self.s.trim_when_free_below)
 
     def train_step(self, step: int, problems: list[Problem], commit: bool = True, before_update=None,
                    while_waiting=None) -> StepRecord:

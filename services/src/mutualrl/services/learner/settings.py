@@ -31,3 +31,6 @@ class LearnerSettings:
     # give an update's freed pages back to the host: a learner beside other processes (`up`, a pod); not where one
     # process holds every policy (`run`), whose next update would fault them in again (mutualrl.runtime.memory)
     return_freed_memory: bool = True
+    # ... and only when the share of memory still free to it is under this (mutualrl.runtime.memory.free_memory_share):
+    # a trim with memory to spare costs the next update its page faults and frees nothing anyone needs (None: always)
+    trim_when_free_below: float | None = 0.5

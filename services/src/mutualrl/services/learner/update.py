@@ -147,7 +147,7 @@ class PolicyUpdate:
             per_mb.append(mb_metrics)
         self.opt.found_inf = None
         # the update's freed activations, back to the host the services share (not where one process runs them all)
-        return_freed_memory(default=self.s.return_freed_memory)
+        return_freed_memory(default=self.s.return_freed_memory, free_below=self.s.trim_when_free_below)
         # the one host sync
         host = read_scalars({"loss": losses, "grad_norm": grad_norms, "skipped": skipped, "mb": per_mb})
         losses, grad_norms, per_mb = host["loss"], host["grad_norm"], host["mb"]
