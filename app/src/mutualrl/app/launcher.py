@@ -45,7 +45,7 @@ from mutualrl.runtime.exchange_setup import (
     redis_options,
     run_namespace,
 )
-from mutualrl.runtime.memory import return_freed_memory
+from mutualrl.runtime.memory import host_meminfo, return_freed_memory
 from mutualrl.runtime.outputs import MetricsWriter, plot_curves, policy_summary, read_metrics, write_summary
 from mutualrl.runtime.policy_setup import (
     build_task_from_config,
@@ -376,13 +376,7 @@ the host's available memory: beside two training processes per policy they would
 
 def _mem_available() -> int:
     """The host's MemAvailable in bytes (0 when unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return host_meminfo().get("MemAvailable", 0)
 
 
 def _weights_transport(cfg: ExperimentConfig, params: dict[str, int], echo: Callable[[str], None]) -> ExperimentConfig:

@@ -105,6 +105,16 @@ def _read_int(path: str) -> int | None:
         return None
 
 
+def host_meminfo(proc: str = "/proc/meminfo") -> dict[str, int]:
+    """The host's memory counters from ``/proc/meminfo`` in bytes (``MemTotal``, ``MemAvailable``, ...); empty
+    where it cannot be read (another OS)."""
+    try:
+        with open(proc) as f:
+            return {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f if ":" in line)}
+    except (OSError, ValueError):
+        return {}
+
+
 def free_memory_share(proc: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> float | None:
     """The share of the memory this process may use that is still free: the host's ``MemAvailable / MemTotal``,
     or, inside a cgroup with a limit (a container, a Kubernetes pod: cgroup v2's ``memory.max`` and
@@ -114,13 +124,9 @@ def free_memory_share(proc: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup
 
     Why the cgroup: a pod's limit, not the node's free memory, is what gets the learner killed."""
     shares = []
-    try:
-        with open(proc) as f:
-            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f if ":" in line)}
-        if info.get("MemTotal"):
-            shares.append(info.get("MemAvailable", 0) / info["MemTotal"])
-    except (OSError, ValueError):
-        pass
+    info = host_meminfo(proc)
+    if info.get("MemTotal"):
+        shares.append(info.get("MemAvailable", 0) / info["MemTotal"])
     for limit_file, usage_file in (("memory.max", "memory.current"),
                                    ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
         limit = _read_int(os.path.join(cgroup, limit_file))
