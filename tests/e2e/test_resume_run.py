@@ -73,8 +73,16 @@ def test_a_stopped_run_resumes_from_its_resume_point_and_ends_as_an_uninterrupte
     import torch
 
     before = torch.load(out / RESUME_FILE, weights_only=False)["elapsed_s"]
+    restore, held = embedded._Resumption.restore, []
+
+    def restore_and_look(self, runtimes, followers):
+        restore(self, runtimes, followers)
+        held.append(dict(self.point.learners))
+
+    monkeypatch.setattr(embedded._Resumption, "restore", restore_and_look)
     resumed = embedded.run_embedded(cfg(), out)
     assert resumed["resumed_after_step"] == 2
+    assert held == [{}]  # the loaded learner states are let go once restored, not held for the rest of the run
     # the run's wall time spans its invocations: the seconds before the resume point are kept, so the whole run
     # took longer than its RL steps (it took rl_s + loading + evaluations), and longer than this invocation alone
     assert before > 0 and resumed["elapsed_s"] > before and resumed["elapsed_s"] >= resumed["rl_s"]

@@ -625,3 +625,43 @@ def test_the_report_gives_each_seeds_per_problem_difference_beside_the_pooled_on
     from mutualrl.app.compare_report import report_md
     again = report_md(json.loads((tmp_path / "out" / "results.json").read_text()))
     assert "by seed: 0 +50.0 ± 91.9, 1 -25.0 ± 79.5, 2 +50.0 ± 91.9" in again
+
+
+def _pid_recording_run(cfg, d: Path) -> None:
+    """A module-level runner that notes which process trained the run."""
+    import os
+
+    _fake_worker_run(cfg, d)
+    (d / "pid").write_text(str(os.getpid()))
+
+
+def _killed_at_seed_one(cfg, d: Path) -> None:
+    """A runner whose process is killed from outside (as the kernel kills for memory) on seed 1's runs."""
+    import os
+    import signal
+
+    if cfg.seed == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _fake_worker_run(cfg, d)
+
+
+def test_an_isolated_sequential_compare_trains_each_run_in_a_fresh_process(tmp_path):
+    """One job, isolated (as the CLI runs it): every run in a process of its own, none in the caller's, so a
+    finished run's memory cannot carry into the next."""
+    import os
+
+    spec = CompareSpec.load(_spec(tmp_path)).subset(seeds=[0, 1])
+    done = run_all(spec, tmp_path / "out", _pid_recording_run, jobs=1, isolate=True)
+    pids = [int((d / "pid").read_text()) for d in done]
+    assert len(done) == len(spec.runs()) == 4
+    assert os.getpid() not in pids and len(set(pids)) == len(pids)
+
+
+def test_a_run_whose_process_is_killed_names_the_run_and_keeps_the_finished_ones(tmp_path):
+    from mutualrl.app.compare import RunProcessDied
+
+    spec = CompareSpec.load(_spec(tmp_path)).subset(["grpo"], [0, 1])
+    with pytest.raises(RunProcessDied, match=r"seed 1 died without finishing it .*trains it again"):
+        run_all(spec, tmp_path / "out", _killed_at_seed_one, jobs=1, isolate=True)
+    finished = [d for d in run_dir_of(spec, tmp_path / "out") if (d / "summary.json").is_file()]
+    assert [d.name for d in finished] == ["seed0"]

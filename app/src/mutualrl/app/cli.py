@@ -275,7 +275,7 @@ def compare(
     """Run entries x pairs x seeds (resumable: finished runs are skipped), then write report.md,
     results.json and plots with 95 % confidence intervals and paired differences. One Ctrl-C stops
     every run in progress and keeps the finished ones."""
-    from mutualrl.app.compare import CompareInterrupted, CompareSpec, run_all
+    from mutualrl.app.compare import CompareInterrupted, CompareSpec, RunProcessDied, run_all
     from mutualrl.app.compare_progress import CompareProgress, run_reporting_to_file
     from mutualrl.app.compare_report import write_report
 
@@ -296,9 +296,14 @@ def compare(
     if not report_only:
         try:
             with CompareProgress(err, len(train.runs())) as shown:
-                run_all(train, target, run_reporting_to_file, shown.progress, jobs=jobs, on_start=shown.on_start)
+                # every run in a process of its own: a finished run's memory leaves with it (run_all)
+                run_all(train, target, run_reporting_to_file, shown.progress, jobs=jobs, on_start=shown.on_start,
+                        isolate=True)
         except ConfigError as e:
             raise _fail(str(e))
+        except RunProcessDied as e:  # not the input's fault: a process killed from outside
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
         except CompareInterrupted as e:
             err.print(str(e), highlight=False, soft_wrap=True)
             raise typer.Exit(130)

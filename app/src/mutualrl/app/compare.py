@@ -167,14 +167,33 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class RunProcessDied(RuntimeError):
+    """A run's worker process ended without finishing it or raising: killed from outside, most often by the kernel
+    for memory. The finished runs are kept; the same command trains the run again (from its newest resume point where
+    ``checkpoint.resume_every`` is set)."""
+
+    def __init__(self, label: str):
+        super().__init__(f"the process training {label} died without finishing it (killed from outside, most often "
+                         "for memory: see the kernel log, `dmesg`); finished runs are kept, and the same command "
+                         "trains it again, from its newest resume point where checkpoint.resume_every is set")
+        self.label = label
+
+
 def run_all(spec: CompareSpec, out: Path, runner: Callable,
             progress: Callable[[int, int, str], None] = lambda i, n, s: None,
-            jobs: int = 1, on_start: Callable[[str, Path, int], None] = lambda label, d, steps: None) -> list[Path]:
+            jobs: int = 1, on_start: Callable[[str, Path, int], None] = lambda label, d, steps: None,
+            isolate: bool = False) -> list[Path]:
     """Every (entry, pair, seed) not finished yet; ``runner(cfg, dir)`` trains one (run_embedded).
     ``jobs`` > 1 trains that many at once in worker processes, each with ``cores // jobs`` torch
-    threads (``runner`` must then be a module-level function). ``on_start(label, dir, steps)`` is
+    threads (``runner`` must then be a module-level function). ``isolate`` trains every run in a process of its
+    own at ``jobs`` 1 too, and a worker never takes a second run: a finished run's memory goes back to the system
+    with its process. In one process it did not: with freed pages kept for reuse (the CLI's allocator setting,
+    ``runtime.memory``) the second pair A run (SmolLM2 + Qwen2.5-Coder-0.5B) of a sequential compare began ~8 GiB
+    above the first, and the third was killed for memory at 24 GiB writing its resume point (2026-12-05). The CLI
+    isolates; in-process stays for runners that cannot be pickled. ``on_start(label, dir, steps)`` is
     told when a run starts, ``progress(finished, total, label)`` when one finishes or was finished
-    before. Ctrl-C raises :class:`CompareInterrupted` once every run in progress has stopped."""
+    before. Ctrl-C raises :class:`CompareInterrupted` once every run in progress has stopped; a worker killed from
+    outside raises :class:`RunProcessDied`."""
     session = time.time()
     todo = spec.runs()
     pending: list[tuple[str, object, Path]] = []  # (label, config, run dir)
@@ -197,7 +216,7 @@ def run_all(spec: CompareSpec, out: Path, runner: Callable,
     if pending:
         _log_session(out, session, "start", jobs=jobs, pending=len(pending))
     try:
-        if jobs <= 1:
+        if jobs <= 1 and not isolate:
             for label, cfg, d in pending:
                 on_start(label, d, cfg.budget.steps)
                 runner(cfg, d)
@@ -238,20 +257,25 @@ def _nest_in_mlflow(spec: CompareSpec, out: Path, configs: list) -> None:
 
 def _run_parallel(pending, runner: Callable, jobs: int, out: Path, session: float, done: list[Path], total: int,
                   progress: Callable[[int, int, str], None], on_start: Callable[[str, Path, int], None]) -> None:
+    """Up to ``jobs`` runs at once, each in a one-worker pool of its own that ends with the run: a process never
+    trains a second run (its freed memory stays with it, run_all), and a worker killed from outside breaks only its
+    own run's pool, so the error names that run. (Not ``max_tasks_per_child``: Python 3.11–3.13 can deadlock
+    replacing a worker that reached it, cpython gh-115634.)"""
     import multiprocessing
     import os
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_ignore_sigint)
+    context = multiprocessing.get_context("spawn")
+    running: dict = {}  # future -> (label, run dir, its pool)
     try:
         queue = list(pending)
-        running: dict = {}
 
-        def submit_next() -> None:  # at most `jobs` submitted, so a run starts only when a worker is free
+        def submit_next() -> None:  # at most `jobs` at once, so a run starts only when another has ended
             label, cfg, d = queue.pop(0)
-            running[pool.submit(_train_one, runner, cfg, d, threads)] = (label, d)
+            pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_ignore_sigint)
+            running[pool.submit(_train_one, runner, cfg, d, threads)] = (label, d, pool)
             on_start(label, d, cfg.budget.steps)
 
         while queue and len(running) < jobs:
@@ -259,7 +283,10 @@ def _run_parallel(pending, runner: Callable, jobs: int, out: Path, session: floa
         while running:
             finished, _ = wait(set(running), return_when=FIRST_COMPLETED)  # each run is logged as it ends
             for f in finished:
-                label, d = running.pop(f)
+                label, d, pool = running.pop(f)
+                pool.shutdown(wait=True)
+                if isinstance(f.exception(), BrokenProcessPool):
+                    raise RunProcessDied(label) from f.exception()
                 if f.exception() is not None:
                     raise f.exception()
                 done.append(d)
@@ -268,8 +295,10 @@ def _run_parallel(pending, runner: Callable, jobs: int, out: Path, session: floa
                 if queue:
                     submit_next()
     except BaseException:
-        for proc in list(getattr(pool, "_processes", {}).values()):  # stop the runs in progress now
-            proc.terminate()
-        pool.shutdown(wait=True, cancel_futures=True)
+        pools = [pool for _, _, pool in running.values()]
+        for pool in pools:  # stop the runs in progress now
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)
         raise
-    pool.shutdown(wait=True)
