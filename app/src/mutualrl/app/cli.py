@@ -31,9 +31,9 @@ Overrides = Annotated[Optional[List[str]], typer.Option("--set", help="Override 
 RunDir = Annotated[Optional[Path], typer.Option("--out", help="Output directory (default: <output_dir>/<name>).")]
 
 
-def _fail(message: str) -> "typer.Exit":
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(EXIT_BAD_INPUT)
+    return typer.Exit(code)
 
 
 def _load(config: Path, overrides: Optional[List[str]]):
@@ -302,8 +302,7 @@ def compare(
         except ConfigError as e:
             raise _fail(str(e))
         except RunProcessDied as e:  # not the input's fault: a process killed from outside
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1)
+            raise _fail(str(e), code=1)
         except CompareInterrupted as e:
             err.print(str(e), highlight=False, soft_wrap=True)
             raise typer.Exit(130)

@@ -285,10 +285,11 @@ def _run_parallel(pending, runner: Callable, jobs: int, out: Path, session: floa
             for f in finished:
                 label, d, pool = running.pop(f)
                 pool.shutdown(wait=True)
-                if isinstance(f.exception(), BrokenProcessPool):
-                    raise RunProcessDied(label) from f.exception()
-                if f.exception() is not None:
-                    raise f.exception()
+                error = f.exception()
+                if isinstance(error, BrokenProcessPool):
+                    raise RunProcessDied(label) from error
+                if error is not None:
+                    raise error
                 done.append(d)
                 _log_session(out, session, "run", run=label)
                 progress(len(done), total, label)
