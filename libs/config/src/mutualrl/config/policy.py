@@ -197,7 +197,7 @@ class ResourcesConfig(_Strict):
         return self
 
 
-MODEL_PRESETS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m")
+MODEL_PRESETS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", "gemma-3-270m")
 """The model presets `model.path` may name instead of a folder (`mutualrl models list`; the catalogue, with each
 preset's packages and hashes, is ``mutualrl.models.pretrained``: a test checks the two agree)."""
 
