@@ -203,6 +203,22 @@ def test_base_seed_fixes_the_starting_point_across_run_seeds():
     assert parse_config(text + "seed: 3\n", "t").start_seed == 3
 
 
+def test_a_task_too_small_to_split_is_bad_input_before_any_model_loads():
+    """One-digit sums have 100 distinct problems; a held-out set of 256 takes them all. That is the user's settings,
+    so it is a ConfigError (one line from the CLI) naming the count and the two ways out, raised while the task is
+    built, not a traceback from the first use of its training split."""
+    from mutualrl.config import parse_config
+    from mutualrl.runtime.policy_setup import build_task_from_config
+
+    text = ("name: s\npolicies: [{name: a, model: {family: llama}, tokenizer: {kind: char}}]\n"
+            "task: {name: arithmetic, min_digits: 1, max_digits: 1, operators: '+', eval_size: %d}\n")
+    with pytest.raises(ConfigError, match=r"gave 100 distinct problems.*task.eval_size 256.*lower task.eval_size"):
+        build_task_from_config(parse_config(text % 256, "t"))
+    task, _ = build_task_from_config(parse_config(text % 40, "t"))
+    assert len(task.eval) == 40 and len(task.train) == 60 and not set(p.prompt for p in task.eval) & set(
+        p.prompt for p in task.train)
+
+
 def test_hacpo_paper_schedule_scales_the_learning_rate_by_its_updates():
     from mutualrl.config import parse_config
     from mutualrl.services.learner.setup import learner_optim

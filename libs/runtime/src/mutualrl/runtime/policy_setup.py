@@ -48,6 +48,7 @@ def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
                               **common)
         else:
             task = build_task("jsonl", path=t.path, train_size=t.train_size, **common)
+        task.train  # the splits now, so a task too small to split is bad input before any model loads
         if t.answer_format is None:  # a pretrained policy: the task's own format (read from its data)
             t.answer_format = task.default_answer_format()
         return task, build_verifier(t.verifier, task, t.answer_format)

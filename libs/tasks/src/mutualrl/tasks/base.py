@@ -60,8 +60,10 @@ class Task(ABC):
             if p.prompt not in eval_set:
                 train.setdefault(p.prompt, p)
             attempts += 1
-        if not train:
-            raise ValueError(f"task {self.name!r} produced no training problems")
+        if not train:  # a generator with few distinct problems: the held-out set, drawn first, took them all
+            raise ValueError(f"task {self.name!r} produced no training problems: its generator gave "
+                             f"{len(eval_set)} distinct problems and the held-out set (task.eval_size "
+                             f"{self.eval_size}) took them all; widen the task's settings or lower task.eval_size")
         self._eval = list(eval_set.values())
         self._train = list(train.values())
 
