@@ -12,6 +12,10 @@ probe measures greedy and sampled pass rates on held-out problems for every (for
 - per policy, the prompt style with the largest signal share under that format.
 
 Where the pick leaves a policy outside ~10–70 % sampled, it says so: no format gives every policy room.
+Each cell also counts the completions the token limit ended (no EOS, no stop string) and how many of its passes
+were read from one: a verifier that takes the last number of an unfinished explanation passes it whenever a stray
+number happens to match (on reasoning-gym's `gcd` at 48 tokens, most of a policy's passes). Where half or more of
+a picked policy's passes are such, the pick says to raise the token limit before trusting the rates.
 Policies are probed one at a time, so memory is that of the largest one.
 """
 
@@ -26,7 +30,7 @@ import torch
 
 from mutualrl.config import ExperimentConfig
 from mutualrl.models.policy import PromptStyle
-from mutualrl.runtime.evaluation import scored_texts
+from mutualrl.runtime.evaluation import scored_completions
 from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy
 from mutualrl.tasks import build_verifier
 from mutualrl.tasks.answers import INSTRUCTIONS
@@ -34,6 +38,8 @@ from mutualrl.tasks.answers import INSTRUCTIONS
 ROOM = (0.10, 0.70)
 """Sampled pass rates where GRPO has room: enough successes to learn from, enough failures to improve on."""
 DEFAULT_FORMATS = ("last_number", "answer_tags", "boxed", "last_line")
+CUT_OFF_PASSES = 0.5
+"""A picked policy with at least this share of its passes read from completions the token limit ended is warned."""
 
 
 @dataclass
@@ -48,6 +54,44 @@ class Cell:
     sampled: float
     signal: float  # expected share of groups of G samples with mixed rewards
     seconds: float
+    cut_off: float = 0.0  # share of the cell's completions (greedy and sampled) that the token limit ended
+    passes_cut_off: float = 0.0  # share of its passes read from such a completion (0 with no passes)
+
+
+@dataclass
+class Tally:
+    """Completions scored under one setting: how many passed, how many the token limit ended, and how many of the
+    passes were among those."""
+    completions: int = 0
+    passed: float = 0.0
+    cut_off: int = 0
+    passed_cut_off: float = 0.0
+
+    def add(self, scores: list[float], cut_off: list[bool]) -> None:
+        """Count one batch: each completion's score and whether the token limit ended it."""
+        self.completions += len(scores)
+        self.passed += sum(scores)
+        self.cut_off += sum(cut_off)
+        self.passed_cut_off += sum(s for s, c in zip(scores, cut_off) if c)
+
+    @property
+    def rate(self) -> float:
+        """The pass rate."""
+        return self.passed / self.completions if self.completions else 0.0
+
+    def __add__(self, other: "Tally") -> "Tally":
+        return Tally(self.completions + other.completions, self.passed + other.passed, self.cut_off + other.cut_off,
+                     self.passed_cut_off + other.passed_cut_off)
+
+    @property
+    def cut_off_share(self) -> float:
+        """The share of completions the token limit ended."""
+        return self.cut_off / self.completions if self.completions else 0.0
+
+    @property
+    def passes_cut_off_share(self) -> float:
+        """The share of passes read from a completion the token limit ended (0 with no passes)."""
+        return self.passed_cut_off / self.passed if self.passed else 0.0
 
 
 def signal_share(p: float, group_size: int) -> float:
@@ -75,14 +119,14 @@ def _style(cfg: ExperimentConfig, index: int, style: str, fmt: str) -> PromptSty
 
 
 def _rate(model, tok, problems, verifier, style: PromptStyle, max_new_tokens: int, temperature: float,
-          seed: int, batch: int) -> float:
+          seed: int, batch: int) -> Tally:
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    passed = 0.0
+    tally = Tally()
     for i in range(0, len(problems), batch):
         part = problems[i : i + batch]
-        passed += sum(verifier.score_many(part, scored_texts(model, tok, part, max_new_tokens, temperature, style,
-                                                             gen)))
-    return passed / len(problems)
+        done = scored_completions(model, tok, part, max_new_tokens, temperature, style, gen)
+        tally.add(verifier.score_many(part, [c.text for c in done]), [c.cut_off for c in done])
+    return tally
 
 
 def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT_FORMATS,
@@ -109,21 +153,26 @@ def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT
                 ps = _style(cfg, index, style, fmt)
                 greedy = _rate(model, tok, problems, verifier, ps, tokens, 0.0, cfg.seed, batch)
                 sampled = _rate(model, tok, problems, verifier, ps, tokens, temperature, cfg.seed, batch)
-                cell = Cell(p.name, fmt, style, len(problems), greedy, sampled, signal_share(sampled, G),
-                            round(time.monotonic() - t0, 1))
+                both = greedy + sampled
+                cell = Cell(p.name, fmt, style, len(problems), greedy.rate, sampled.rate,
+                            signal_share(sampled.rate, G), round(time.monotonic() - t0, 1), both.cut_off_share,
+                            both.passes_cut_off_share)
                 cells.append(cell)
-                echo(f"[{p.name}] {style:10s} {fmt:12s} greedy {greedy:6.1%}  sampled {sampled:6.1%}  "
-                     f"({cell.seconds:.0f} s)")
+                cut = (f"  cut off {cell.cut_off:.0%} (of passes {cell.passes_cut_off:.0%})" if cell.cut_off
+                       else "")
+                echo(f"[{p.name}] {style:10s} {fmt:12s} greedy {greedy.rate:6.1%}  sampled {sampled.rate:6.1%}"
+                     f"{cut}  ({cell.seconds:.0f} s)")
         del pp, model
         gc.collect()
     return {"task": cfg.task.name, "dataset": cfg.task.dataset, "dataset_config": cfg.task.dataset_config,
             "problems": len(problems), "max_new_tokens": tokens, "group_size": G,
-            "cells": [asdict(c) for c in cells], "pick": pick(cells, [p.name for p in cfg.policies], formats)}
+            "cells": [asdict(c) for c in cells],
+            "pick": pick(cells, [p.name for p in cfg.policies], formats, tokens)}
 
 
-def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...]) -> dict:
+def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...], max_new_tokens: int | None = None) -> dict:
     """The answer format maximising the weakest policy's best signal share, each policy's best style under it,
-    and whether every policy then has room."""
+    and whether every policy then has room (and whether its passes can be trusted: module docstring)."""
     def best(policy: str, fmt: str) -> Cell:
         mine = [c for c in cells if c.policy == policy and c.answer_format == fmt]
         return max(mine, key=lambda c: (c.signal, c.sampled))
@@ -136,6 +185,12 @@ def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...]) -> di
             "no format gives every policy room: " + ", ".join(f"{q} samples {r:.0%}" for q, r in outside.items())
             + f" (outside {ROOM[0]:.0%}–{ROOM[1]:.0%}); make the task easier or harder for them, or let a peer's "
             "successes carry the policy (SGT)")
+    unfinished = {q: best(q, fmt).passes_cut_off for q in policies if best(q, fmt).passes_cut_off >= CUT_OFF_PASSES}
+    if unfinished:
+        limit = f"{max_new_tokens} tokens" if max_new_tokens else "the token limit"
+        note += ("; " + ", ".join(f"{r:.0%} of {q}'s passes" for q, r in unfinished.items())
+                 + f" were read from completions cut off at {limit}, where a stray number can match: raise "
+                 "budget.max_new_tokens (probe: --max-new-tokens) before trusting these rates")
     return {"answer_format": fmt, "styles": styles, "weakest_signal": scored[fmt], "room": not outside,
             "note": note, "overrides": [f"task.answer_format={fmt}"]
             + [f"policies.{q}.prompt.style={s}" for q, s in styles.items()]}
@@ -143,10 +198,12 @@ def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...]) -> di
 
 def render(result: dict) -> str:
     """The probe's table and pick as Markdown."""
-    lines = ["| policy | style | answer format | greedy | sampled | signal share |", "|---|---|---|---|---|---|"]
+    lines = ["| policy | style | answer format | greedy | sampled | signal share | cut off (of passes) |",
+             "|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         lines.append(f"| {c['policy']} | {c['style']} | {c['answer_format']} | {c['greedy']:.1%} | "
-                     f"{c['sampled']:.1%} | {c['signal']:.2f} |")
+                     f"{c['sampled']:.1%} | {c['signal']:.2f} | {c.get('cut_off', 0.0):.0%} "
+                     f"({c.get('passes_cut_off', 0.0):.0%}) |")
     pk = result["pick"]
     lines += ["", f"Pick: `task.answer_format: {pk['answer_format']}`; styles: "
               + ", ".join(f"{q} `{s}`" for q, s in pk["styles"].items()) + f". {pk['note']}.",

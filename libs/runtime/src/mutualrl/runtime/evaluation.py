@@ -54,9 +54,17 @@ def greedy_eval(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: 
     return EvalResult(sum(scores) / len(problems), texts, scores)
 
 
-def scored_texts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: list[Problem], max_new_tokens: int,
-                 temperature: float, prompt_style: PromptStyle | None,
-                 generator: torch.Generator | None = None) -> list[str]:
+@dataclass(frozen=True)
+class ScoredCompletion:
+    """A completion as the verifier reads it, and whether the token limit ended it (no EOS, no stop string): a
+    verifier that reads the last number of an unfinished explanation can pass it by accident."""
+    text: str
+    cut_off: bool
+
+
+def scored_completions(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: list[Problem],
+                       max_new_tokens: int, temperature: float, prompt_style: PromptStyle | None,
+                       generator: torch.Generator | None = None) -> list[ScoredCompletion]:
     """One completion per problem, prompted as the policy is and sampled at ``temperature`` (0: greedy), as the
     verifier reads it (cut at the style's first stop string). Evaluation, the pass rate before RL and
     ``mutualrl probe`` all score these."""
@@ -64,7 +72,15 @@ def scored_texts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems:
     outs = sample(model, [encode_prompt(tok, p.prompt, prompt_style) for p in problems], eos_id=tok.eos_token_id,
                   pad_id=tok.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
                   stop=stop_string_check(text_decoder(tok), stops))
-    return [completion_text(tok, o, prompt_style) for o in outs]
+    return [ScoredCompletion(completion_text(tok, o, prompt_style), o.finish_reason == "length") for o in outs]
+
+
+def scored_texts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: list[Problem], max_new_tokens: int,
+                 temperature: float, prompt_style: PromptStyle | None,
+                 generator: torch.Generator | None = None) -> list[str]:
+    """:func:`scored_completions`' texts."""
+    return [c.text for c in scored_completions(model, tok, problems, max_new_tokens, temperature, prompt_style,
+                                               generator)]
 
 
 def completion_text(tok: PreTrainedTokenizerBase, sample_out, prompt_style: PromptStyle | None) -> str:

@@ -1,0 +1,69 @@
+"""`mutualrl probe`'s figures: pass rates, the pick, and the completions the token limit ended (a verifier that
+reads the last number of an unfinished explanation passes it by accident; app/probe.py's docstring)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mutualrl.app.probe import Cell, Tally, pick, probe, render
+
+
+def test_a_tally_counts_passes_cut_offs_and_passes_among_the_cut_offs():
+    t = Tally()
+    t.add([1.0, 0.0, 1.0, 0.0], [True, True, False, False])
+    t.add([1.0, 0.0], [True, False])
+    assert (t.completions, t.passed, t.cut_off, t.passed_cut_off) == (6, 3.0, 3, 2.0)
+    assert t.rate == pytest.approx(0.5) and t.cut_off_share == pytest.approx(0.5)
+    assert t.passes_cut_off_share == pytest.approx(2 / 3)
+    both = t + Tally(2, 0.0, 2, 0.0)
+    assert (both.completions, both.cut_off, both.passes_cut_off_share) == (8, 5, pytest.approx(2 / 3))
+    assert Tally().rate == 0.0 and Tally().passes_cut_off_share == 0.0  # nothing scored, nothing passed
+
+
+def _cell(policy: str, sampled: float, passes_cut_off: float) -> Cell:
+    return Cell(policy, "last_number", "chat", 24, sampled, sampled, 0.9, 1.0, 0.8, passes_cut_off)
+
+
+def test_the_pick_warns_when_half_a_picked_policys_passes_come_from_cut_off_text():
+    cells = [_cell("a", 0.3, 0.9), _cell("b", 0.4, 0.2)]
+    note = pick(cells, ["a", "b"], ("last_number",), 48)["note"]
+    assert "90% of a's passes were read from completions cut off at 48 tokens" in note
+    assert "b's passes" not in note and "--max-new-tokens" in note
+    assert "cut off" not in pick([_cell("a", 0.3, 0.49), _cell("b", 0.4, 0.0)], ["a", "b"], ("last_number",))["note"]
+
+
+def test_the_table_shows_the_cut_offs_and_reads_results_written_before_them():
+    cells = [_cell("a", 0.3, 0.9)]
+    result = {"cells": [c.__dict__ for c in cells], "pick": pick(cells, ["a"], ("last_number",))}
+    table = render(result)
+    assert "cut off (of passes)" in table and "| 80% (90%) |" in table
+    del result["cells"][0]["cut_off"], result["cells"][0]["passes_cut_off"]
+    assert "| 0% (0%) |" in render(result)
+
+
+def test_probe_runs_a_model_from_a_path_and_counts_what_the_token_limit_ended(tmp_path, arithmetic_task):
+    """End to end on a tiny built model saved as a pretrained one: every (format, style) cell is measured, and an
+    untrained model given 2 new tokens is cut off on nearly every completion (it emits EOS only by chance)."""
+    from mutualrl.config import parse_config
+    from mutualrl.models.families import ModelShape
+    from mutualrl.models.policy import load_policy
+
+    arts = load_policy(family="llama", shape=ModelShape(32, 1, 4, 64, 64), tokenizer_kind="char",
+                       corpus=arithmetic_task.corpus, corpus_fingerprint=arithmetic_task.fingerprint(), seed=1)
+    arts.model.save_pretrained(tmp_path / "m")
+    arts.tokenizer.save_pretrained(tmp_path / "m")
+    cfg = parse_config(f"""
+name: t
+policies:
+  - name: tiny
+    model: {{path: {tmp_path / 'm'}}}
+task: {{name: arithmetic, min_digits: 1, max_digits: 2, train_size: 64, eval_size: 16, answer_format: last_number}}
+""", "t")
+    result = probe(cfg, n=8, formats=("last_number", "boxed"), max_new_tokens=2, cache=tmp_path / "cache")
+    cells = result["cells"]
+    assert [(c["answer_format"], c["style"]) for c in cells] == [("last_number", "completion"), ("boxed", "completion")]
+    for c in cells:
+        assert c["problems"] == 8 and 0.0 <= c["greedy"] <= 1.0 and 0.0 <= c["sampled"] <= 1.0
+        assert c["cut_off"] >= 0.5 and 0.0 <= c["passes_cut_off"] <= 1.0
+    assert result["max_new_tokens"] == 2 and result["pick"]["answer_format"] in ("last_number", "boxed")
+    assert "cut off (of passes)" in render(result)
