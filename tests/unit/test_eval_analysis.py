@@ -35,6 +35,8 @@ def test_answer_style_counts_length_form_and_shown_work():
     assert st["chars"] == pytest.approx(sum(map(len, texts)) / 3)
     assert st["in_form"] == pytest.approx(2 / 3) and st["shows_work"] == pytest.approx(1 / 3)
     assert answer_style([], "answer_tags")["chars"] is None
+    assert st["cut_off"] is None  # a log written before the cut-off bits
+    assert answer_style(texts, "answer_tags", "100")["cut_off"] == pytest.approx(1 / 3)
 
 
 def test_an_answers_shape_keeps_its_wording_and_drops_its_numbers():

@@ -67,3 +67,27 @@ task: {{name: arithmetic, min_digits: 1, max_digits: 2, train_size: 64, eval_siz
         assert c["cut_off"] >= 0.5 and 0.0 <= c["passes_cut_off"] <= 1.0
     assert result["max_new_tokens"] == 2 and result["pick"]["answer_format"] in ("last_number", "boxed")
     assert "cut off (of passes)" in render(result)
+
+
+def test_an_evaluation_log_line_marks_each_problem_the_token_limit_cut_off(arithmetic_task):
+    """greedy_eval on a tiny untrained model with 2 new tokens: each problem's cut-off bit is its sample's
+    finish reason, and the log line keeps it beside the problem's score."""
+    import torch
+
+    from mutualrl.models.families import ModelShape
+    from mutualrl.models.generation import sample
+    from mutualrl.models.policy import encode_prompt, load_policy
+    from mutualrl.runtime.evaluation import greedy_eval
+    from mutualrl.tasks.verifiers import answer_verifier
+
+    torch.manual_seed(0)
+    arts = load_policy(family="llama", shape=ModelShape(32, 1, 4, 64, 64), tokenizer_kind="char",
+                       corpus=arithmetic_task.corpus, corpus_fingerprint=arithmetic_task.fingerprint(), seed=1)
+    tok, problems = arts.tokenizer, arithmetic_task.eval[:6]
+    res = greedy_eval(arts.model, tok, problems, answer_verifier("last_number"), 2)
+    direct = sample(arts.model, [encode_prompt(tok, p.prompt, None) for p in problems], eos_id=tok.eos_token_id,
+                    pad_id=tok.pad_token_id, max_new_tokens=2, temperature=0)
+    assert res.cut_off == [s.finish_reason == "length" for s in direct]
+    line = res.record(3, problems)
+    assert line["cut_off"] == "".join("1" if s.finish_reason == "length" else "0" for s in direct)
+    assert len(line["cut_off"]) == len(line["correct"]) == 6

@@ -289,9 +289,11 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                         "curve": curves.get(policy, []),
                         "rollouts": p.get("rollouts", 0),
                         "correct": correct_by_problem(evals[-1]) if evals else None,
-                        "style": {"start": {**answer_style(evals[0]["texts"], fmt), "sampled_entropy": first_h,
+                        "style": {"start": {**answer_style(evals[0]["texts"], fmt, evals[0].get("cut_off")),
+                                            "sampled_entropy": first_h,
                                             "shapes": answer_shapes(evals[0]["texts"])},
-                                  "final": {**answer_style(evals[-1]["texts"], fmt), "sampled_entropy": last_h,
+                                  "final": {**answer_style(evals[-1]["texts"], fmt, evals[-1].get("cut_off")),
+                                            "sampled_entropy": last_h,
                                             "shapes": answer_shapes(evals[-1]["texts"])}}
                                  if evals else None,
                         "sharing": sharing.get(policy),

@@ -211,6 +211,8 @@ def _detail_lines(entries: dict, policies: list[str], edges: dict | None = None)
         if not st or st.get("chars") is None:
             return "–"
         text = f"{st['chars']:.0f} ch, {st['in_form'] * 100:.0f} % in form, {st['shows_work'] * 100:.0f} % work"
+        if st.get("cut_off") is not None:
+            text += f", {st['cut_off'] * 100:.0f} % cut off"
         if st.get("sampled_entropy") is not None:
             text += f", sampled entropy {st['sampled_entropy']:.2f} nats/token"
         if shapes := _shapes_text(st.get("shapes")):

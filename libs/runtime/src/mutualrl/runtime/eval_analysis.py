@@ -72,15 +72,18 @@ def per_problem_by_seed(entry: dict[int, dict[str, int]], baseline: dict[int, di
     return out
 
 
-def answer_style(texts: list[str], answer_format: str) -> dict[str, float | None]:
+def answer_style(texts: list[str], answer_format: str, cut_off: str | None = None) -> dict[str, float | None]:
     """How a policy answers: mean length in characters, the share of answers in the required form (the format's
-    parser reads an answer), and the share that show work (at least three numbers: the operands and a result)."""
+    parser reads an answer), the share that show work (at least three numbers: the operands and a result), and
+    the share the token limit cut off (from an evaluation log's ``cut_off`` bits; None for logs written before
+    them): a cut-off answer is an unfinished one, and a "pass" read from it may be a stray number."""
     if not texts:
-        return {"chars": None, "in_form": None, "shows_work": None}
+        return {"chars": None, "in_form": None, "shows_work": None, "cut_off": None}
     n = len(texts)
     return {"chars": sum(len(t) for t in texts) / n,
             "in_form": sum(1 for t in texts if extract_answer(t, answer_format) not in (None, "")) / n,
-            "shows_work": sum(1 for t in texts if len(_NUMBER.findall(t)) >= 3) / n}
+            "shows_work": sum(1 for t in texts if len(_NUMBER.findall(t)) >= 3) / n,
+            "cut_off": cut_off.count("1") / len(cut_off) if cut_off else None}
 
 
 def answer_shape(text: str) -> str:

@@ -32,11 +32,14 @@ class EvalResult:
     accuracy: float
     texts: list[str] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
+    cut_off: list[bool] = field(default_factory=list)  # per problem: the token limit ended its completion
 
     def record(self, step: int, problems: list[Problem]) -> dict:
-        """The line an evaluation log keeps: the step, the accuracy, each problem's id, score and completion."""
+        """The line an evaluation log keeps: the step, the accuracy, each problem's id, score, whether the token
+        limit cut its completion off, and the completion."""
         return {"step": step, "accuracy": self.accuracy, "prompt_ids": [p.prompt_id for p in problems],
-                "correct": "".join("1" if s > 0 else "0" for s in self.scores), "texts": self.texts}
+                "correct": "".join("1" if s > 0 else "0" for s in self.scores),
+                "cut_off": "".join("1" if c else "0" for c in self.cut_off), "texts": self.texts}
 
 
 def greedy_eval(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: list[Problem], verifier: Verifier,
@@ -46,12 +49,15 @@ def greedy_eval(model: PreTrainedModel, tok: PreTrainedTokenizerBase, problems: 
         return EvalResult(0.0)
     texts: list[str] = []
     scores: list[float] = []
+    cut_off: list[bool] = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        chunk_texts = scored_texts(model, tok, chunk, max_new_tokens, 0.0, prompt_style)
+        done = scored_completions(model, tok, chunk, max_new_tokens, 0.0, prompt_style)
+        chunk_texts = [c.text for c in done]
         texts += chunk_texts
         scores += verifier.score_many(chunk, chunk_texts)
-    return EvalResult(sum(scores) / len(problems), texts, scores)
+        cut_off += [c.cut_off for c in done]
+    return EvalResult(sum(scores) / len(problems), texts, scores, cut_off)
 
 
 @dataclass(frozen=True)
