@@ -79,10 +79,6 @@ class Tally:
         """The pass rate."""
         return self.passed / self.completions if self.completions else 0.0
 
-    def __add__(self, other: "Tally") -> "Tally":
-        return Tally(self.completions + other.completions, self.passed + other.passed, self.cut_off + other.cut_off,
-                     self.passed_cut_off + other.passed_cut_off)
-
     @property
     def cut_off_share(self) -> float:
         """The share of completions the token limit ended."""
@@ -92,6 +88,11 @@ class Tally:
     def passes_cut_off_share(self) -> float:
         """The share of passes read from a completion the token limit ended (0 with no passes)."""
         return self.passed_cut_off / self.passed if self.passed else 0.0
+
+    def __add__(self, other: "Tally") -> "Tally":
+        """Both tallies' counts together (a cell's greedy and sampled completions)."""
+        return Tally(self.completions + other.completions, self.passed + other.passed, self.cut_off + other.cut_off,
+                     self.passed_cut_off + other.passed_cut_off)
 
 
 def signal_share(p: float, group_size: int) -> float:
@@ -179,13 +180,14 @@ def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...], max_n
 
     scored = {fmt: min(best(q, fmt).signal for q in policies) for fmt in formats}
     fmt = max(formats, key=lambda f: (scored[f], sum(best(q, f).sampled for q in policies)))
-    styles = {q: best(q, fmt).style for q in policies}
-    outside = {q: best(q, fmt).sampled for q in policies if not ROOM[0] <= best(q, fmt).sampled <= ROOM[1]}
+    chosen = {q: best(q, fmt) for q in policies}
+    styles = {q: c.style for q, c in chosen.items()}
+    outside = {q: c.sampled for q, c in chosen.items() if not ROOM[0] <= c.sampled <= ROOM[1]}
     note = ("every policy has room" if not outside else
             "no format gives every policy room: " + ", ".join(f"{q} samples {r:.0%}" for q, r in outside.items())
             + f" (outside {ROOM[0]:.0%}–{ROOM[1]:.0%}); make the task easier or harder for them, or let a peer's "
             "successes carry the policy (SGT)")
-    unfinished = {q: best(q, fmt).passes_cut_off for q in policies if best(q, fmt).passes_cut_off >= CUT_OFF_PASSES}
+    unfinished = {q: c.passes_cut_off for q, c in chosen.items() if c.passes_cut_off >= CUT_OFF_PASSES}
     if unfinished:
         limit = f"{max_new_tokens} tokens" if max_new_tokens else "the token limit"
         note += ("; " + ", ".join(f"{r:.0%} of {q}'s passes" for q, r in unfinished.items())
