@@ -9,6 +9,7 @@ samples. Everything else (sampling, log-probs, weights, advantages, the update) 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -51,16 +52,19 @@ class _Oracle(Verifier):
 
 
 class _Recorder:
-    """The engine's sampler, recording what it was asked and accepting the first sample of each group."""
+    """The engine's sampler, recording what it was asked and accepting the first sample of each group — as one that
+    ended (``stop``), or, with ``first_cut_off``, as one the token limit cut off (``length``)."""
 
     def __init__(self, sample, tok, oracle: _Oracle):
         self.sample, self.tok, self.oracle = sample, tok, oracle
         self.calls: list[tuple[list[list[int]], int]] = []
+        self.first_cut_off = False
 
     def __call__(self, prompts, n, seed, step):
         groups = self.sample(prompts, n, seed, step)
         self.calls.append((prompts, n))
         for g in groups:
+            g[0] = dataclasses.replace(g[0], finish_reason="length" if self.first_cut_off else "stop")
             self.oracle.accepted.add(self.tok.decode(g[0].token_ids, skip_special_tokens=True,
                                                      clean_up_tokenization_spaces=False))
         return groups
@@ -168,6 +172,28 @@ def test_an_all_fail_group_a_peer_solved_gets_k_samples_on_the_hinted_prompt_and
         after, mask = sequence_logprobs(learner.model, [rows.prompt_token_ids[i] for i in rescued],
                                         [rows.token_ids[i] for i in rescued], pad_id=tok.pad_token_id)
     assert ((after * mask).sum(-1) > before).all(), ((after * mask).sum(-1), before)
+
+
+@pytest.mark.parametrize("train_cut_off", [False, True])
+def test_a_verified_rescue_the_token_limit_cut_off_is_counted_and_not_trained_unless_asked(
+        arithmetic_task, corpus, train_cut_off):
+    """§3.5: a rescue sample that did not end is not trained by default — the answer the verifier read is where its
+    text stopped (on products, a ramble whose last number was right) — and is counted per edge (rescue_cut_off)."""
+    cfg = SgtRConfig(samples=K, max_prompts=2, min_gain=None, show="all", train_cut_off=train_cut_off)
+    ex, worker, learner, recorder, oracle, tok = _receiver(arithmetic_task, corpus, cfg)
+    recorder.first_cut_off = True
+    problems = _all_fail(arithmetic_task, 2)
+    rec, inputs = _step(ex, worker, learner, problems, [_reasoning(p) for p in problems])
+    assert rec.extra["rescued"] == 2  # both verified
+    if train_cut_off:
+        assert rec.extra["rescue_trained"] == 2 and rec.extra["rescue_cut_off"] == 0
+        assert inputs.rows.count(HINTED) == 2 and rec.updates == 1
+    else:
+        assert rec.extra["rescue_trained"] == 0 and rec.extra["rescue_cut_off"] == 2
+        assert inputs.rows.count(HINTED) == 0 and rec.shared_in == 0  # the step is isolated GRPO's (all-fail: none)
+    assert learner.last_edges["b->a"]["rescue_cut_off"] == (0 if train_cut_off else 2)  # per edge: Prometheus
+    examples = rec.extra["hint_examples"]
+    assert examples and all(x["cut_off"] and x["reward"] == 1.0 for x in examples)
 
 
 class _FirstOfGroup(_Oracle):

@@ -321,7 +321,7 @@ def test_the_report_shows_each_edges_example_hints_verified_first(tmp_path):
         for step in range(1, 5):
             recs.append({"step": step, "policy": receiver, "hint_examples": [
                 {"source": peer, "prompt": "2+2?", "hint": f"2 + 2 = 4 | step {step}\nso <answer>…</answer>",
-                 "delta": 0.5 * step, "sample": f"it is {step}", "reward": float(step == 3)},
+                 "delta": 0.5 * step, "sample": f"it is {step}", "reward": float(step == 3), "cut_off": step == 3},
                 {"source": peer, "prompt": "3+3?", "hint": None, "delta": None, "sample": "6", "reward": 0.0}]})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
@@ -337,7 +337,7 @@ def test_the_report_shows_each_edges_example_hints_verified_first(tmp_path):
     section = md.split("### Example hints and rescue samples")[1]
     rows = [x for x in section.splitlines() if x.startswith("| 3 |")]
     assert rows == ["| 3 | " + exs[0]["source"] + " | 2 + 2 = 4 \\| step 3 ⏎ so <answer>…</answer> | +1.50 | it is 3 "
-                    "| yes |"]
+                    "| yes (cut off) |"]  # the token limit cut it off: verified, not trained (§3.5)
     assert "| 1 | " + exs[0]["source"] + " | – | – | 6 | no |" in section  # a plain resample
 
 
@@ -484,7 +484,8 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
         for step in (1, 2, 3, 4):
             w = ws[step - 1] if step <= len(ws) else None
             recs.append({"step": step, "policy": receiver, "hints_offered": 2, "hints_masked": 2, "rescue_samples": 8,
-                         "rescued": 1, "rescue_trained": 1 + cfg.seed, "hint_weight_mean": w,
+                         "rescued": 1, "rescue_trained": 1 + cfg.seed, "rescue_cut_off": int(step == 1),
+                         "hint_weight_mean": w,
                          "hint_floored_frac": None if w is None else 0.1,
                          "hint_capped_frac": None if w is None else 0.0,
                          "hint_delta_mean": 2.0 if step == 1 else None, "own_sampled_nll": 1.0 - 0.2 * step,
@@ -506,7 +507,8 @@ def test_the_report_gives_a_receivers_rescue_counts_and_its_rescued_tokens_mean_
     assert c["hint_weight_mean"] == pytest.approx((0.7 + 1.0) / 2)  # seed 2 trained no weighted token: not a 0
     assert c["hint_floored_frac"] == pytest.approx(0.1) and c["hint_delta_mean"] == pytest.approx(2.0)
     md = (tmp_path / "out" / "report.md").read_text()
-    assert ("hints 8 (gated out 0, masked 8, refused 0); samples 32, rescued 4, trained 8 (2.0 a step); rescue "
+    assert ("hints 8 (gated out 0, masked 8, refused 0); samples 32, rescued 4, trained 8 (2.0 a step), 1 verified "
+            "but cut off (not trained); rescue "
             "samples' token weight 0.85 (at the floor 10 %, at the cap 0 %); gate Δ +2.0 nats |") in md
     style = res["pairs"]["demo"]["sgt"][receiver]["style"]  # the sampling entropy of step 1 and of the last step
     assert style["start"]["sampled_entropy"] == pytest.approx(0.8)

@@ -43,7 +43,7 @@ def _answer_format(d: Path) -> str:
 
 
 SHARING_COUNTS = ("rescue_count", "hints_offered", "hints_gated_out", "hints_masked", "hints_refused", "rescue_samples",
-                  "rescued", "rescue_trained")
+                  "rescued", "rescue_trained", "rescue_cut_off")
 """Per-run sums of a policy's step records that say whether a mode was exercised at all."""
 
 

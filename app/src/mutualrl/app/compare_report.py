@@ -171,10 +171,17 @@ def _sharing_text(c: dict | None, alone: bool = False) -> str:
         return (f"hints {c['hints_offered']:.0f} (gated out {c['hints_gated_out']:.0f}, masked "
                 f"{c['hints_masked']:.0f}, refused {c['hints_refused']:.0f}); samples {c['rescue_samples']:.0f}, "
                 f"rescued {c['rescued']:.0f}, trained {c['rescue_trained']:.0f} ({c['trained_per_step']:.1f} a "
-                f"step){_rescue_weight_text(c)}{_not_exercised(c['trained_per_step'], 'trained rescue a step')}")
+                f"step){_cut_off_text(c)}{_rescue_weight_text(c)}"
+                f"{_not_exercised(c['trained_per_step'], 'trained rescue a step')}")
     per_step = c.get("rescues_per_step", 0.0)
     note = _not_exercised(per_step, "trained success a step")
     return f"SGT rescues {c['rescue_count']:.0f} ({per_step:.1f} a step){note}"
+
+
+def _cut_off_text(c: dict) -> str:
+    """The verified rescues left untrained because the token limit cut them off (§3.5), where a run had any."""
+    n = c.get("rescue_cut_off") or 0
+    return f", {n:.0f} verified but cut off (not trained)" if n else ""
 
 
 def _receives_nothing(edges: dict | None, policy: str) -> bool:
@@ -248,7 +255,7 @@ def _detail_lines(entries: dict, policies: list[str], edges: dict | None = None)
 
 
 EDGE_COLUMNS = ("offered", "used", "stale", "thl_rejected", "rescues", "hints_offered", "hints_masked",
-                "hints_refused", "rescue_samples", "rescued", "rescue_trained")
+                "hints_refused", "rescue_samples", "rescued", "rescue_trained", "rescue_cut_off")
 """The per-edge counts the report shows (the sharing dashboard's, summed over a run)."""
 
 
@@ -275,6 +282,12 @@ def _cell(text: str | None, limit: int = 160) -> str:
     return (t[:limit] + " …") if len(t) > limit else (t or "(empty)")
 
 
+def _verified_text(example: dict) -> str:
+    """Whether a rescue sample verified, and whether the token limit cut it off (recorded since 2026-12-06)."""
+    verified = "yes" if float(example.get("reward") or 0) > 0 else "no"
+    return f"{verified} (cut off)" if example.get("cut_off") else verified
+
+
 def _example_lines(entries: dict, policies: list[str]) -> list[str]:
     """Per entry and receiving policy, the hints its peers' successes became and the rescue sample the receiver
     wrote from each (verified ones first): the report's evidence of what a rescue looked like, not only its count."""
@@ -294,7 +307,7 @@ def _example_lines(entries: dict, policies: list[str]) -> list[str]:
             for x in exs:
                 delta = "–" if x.get("delta") is None else f"{float(x['delta']):+.2f}"
                 out.append(f"| {x.get('step', '–')} | {x.get('source')} | {_cell(x.get('hint'))} | {delta} | "
-                           f"{_cell(x.get('sample'))} | {'yes' if float(x.get('reward') or 0) > 0 else 'no'} |")
+                           f"{_cell(x.get('sample'))} | {_verified_text(x)} |")
             out.append("")
     return out
 

@@ -69,6 +69,11 @@ class SgtRConfig(_Strict):
     w_min: float = Field(0.1, ge=0, le=1, description="Floor of a rescued token's weight toward the hint-free policy "
                          "(0 is Guide's correction, which removes exactly the form a cold receiver must learn).")
     w_max: float = Field(2.0, ge=1, description="Cap of a rescued token's weight.")
+    train_cut_off: bool = Field(
+        False, description="Train a verified rescue sample that the token limit cut off. false (the default): it is "
+        "counted (rescue_cut_off) and not trained — its text did not end, so the answer the verifier read is where "
+        "it stopped (on products a ramble ending '... results in 312. One method ... This' verified and, trained, "
+        "lengthened SmolLM2's answers: docs/results/real/sgt-r/README.md).")
 
     def check_experiment(self, cfg: Any) -> None:  # cfg: the ExperimentConfig (schema.py imports this module)
         """The rescue round runs the learner's forward passes on one rank: a sharded receiver is refused."""

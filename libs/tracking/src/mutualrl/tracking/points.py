@@ -43,7 +43,8 @@ NAMES: dict[str, str] = {
     "weights_bytes": "progress/weights_bytes",
     # SGT-R's rescue round (docs/algorithms.md §3.5)
     **{k: f"sharing/sgt_r/{k}" for k in ("hints_offered", "hints_gated_out", "hints_masked", "hints_refused",
-                                         "rescue_samples", "rescued", "rescue_trained", "rescue_verified_nothing",
+                                         "rescue_samples", "rescued", "rescue_trained", "rescue_cut_off",
+                                         "rescue_verified_nothing",
                                          "hint_delta_mean", "hint_weight_mean", "hint_floored_frac",
                                          "hint_capped_frac")},
 }

@@ -46,7 +46,7 @@ LogprobFn = Callable[[list[list[int]], list[list[int]]], torch.Tensor]
 """``logprobs(prompts, completions)``: the learner's [b, T] right-aligned log-probs, no gradient."""
 
 EDGE_COUNTS = ("hints_offered", "hints_gated_out", "hints_masked", "hints_refused", "rescue_samples", "rescued",
-               "rescue_trained", "rescue_verified_nothing")
+               "rescue_trained", "rescue_cut_off", "rescue_verified_nothing")
 """What a step counts per incoming edge (records, Prometheus, the sharing dashboard)."""
 
 HINT_DELIMITERS = ("<hint>", "</hint>")
@@ -239,37 +239,44 @@ class HintedRescue:
         out.weight_metrics = {k: float(v) for k, v in w_metrics.items()}  # over every rescue sample: hint acceptance
         # what pushes a row: its reward above the receiver's own mean on the prompt. Only those rows join the step; a
         # rescue sample at or under it would train nothing and only enlarge token-mean's divisor, shrinking the own
-        # rows' gradient — so a round that trains nothing leaves the step as isolated GRPO's (§3.5)
+        # rows' gradient — so a round that trains nothing leaves the step as isolated GRPO's (§3.5). A verified sample
+        # the token limit cut off is not trained either (unless train_cut_off): its text did not end, so the answer
+        # the verifier read is where it stopped, not what it concluded — a ramble whose last number happened to be
+        # right, which one positive row with no negative beside it would teach (§3.5)
         baseline = {id(p): own_successes[p.problem.prompt_id] / self.group_size for p in plans}
+        trains = [r > baseline[id(p)] and (self.cfg.train_cut_off or s.finish_reason != "length") for s, p, r in kept]
         for i, (s, p, r) in enumerate(kept):
-            if r <= baseline[id(p)]:
+            if not trains[i]:
                 continue
             n = len(s.token_ids)
             rows.add(prompt_token_ids=p.plain_ids, token_ids=s.token_ids, logprobs=hint_free[i, T - n:].tolist(),
                      mask=[1.0] * n, reward=r, prompt_id=p.problem.prompt_id, source_policy=p.source, kind=HINTED,
                      source_mean_logprob=0.0, token_weight=w[i, T - n:].tolist())
-        out.examples = self._examples(plans, [(p, t, r) for (_, t), p, r in zip(samples, owners, rewards)])
+        out.examples = self._examples(plans, [(p, t, r, s.finish_reason == "length")
+                                              for (s, t), p, r in zip(samples, owners, rewards)])
         for p in plans:
-            got = [r for _, q, r in kept if q is p]
+            got = [(s, r, t) for (s, q, r), t in zip(kept, trains) if q is p]
             out.count(p.source, "rescue_samples", len(got))
-            out.count(p.source, "rescued", sum(1 for r in got if r > 0))
-            out.count(p.source, "rescue_trained", sum(1 for r in got if r > baseline[id(p)]))
-            if not any(r > 0 for r in got):
+            out.count(p.source, "rescued", sum(1 for _, r, _ in got if r > 0))
+            out.count(p.source, "rescue_trained", sum(1 for _, _, t in got if t))
+            out.count(p.source, "rescue_cut_off", sum(1 for s, r, t in got if r > baseline[id(p)] and not t))
+            if not any(r > 0 for _, r, _ in got):
                 out.count(p.source, "rescue_verified_nothing")
         return out
 
     @staticmethod
-    def _examples(plans: list[Plan], scored: list[tuple[Plan, str, float]], per_step: int = 2) -> list[dict]:
+    def _examples(plans: list[Plan], scored: list[tuple[Plan, str, float, bool]], per_step: int = 2) -> list[dict]:
         """Up to ``per_step`` rescued prompts of the step as the reports show them: the edge, the hint (None: plain
-        samples), the gate's Δ, and a rescue sample — a verified one when there is one."""
+        samples), the gate's Δ, and a rescue sample — a verified one when there is one, one that ended before one
+        the token limit cut off."""
         out = []
         for p in plans[:per_step]:
-            mine = [(t, r) for q, t, r in scored if q is p]
+            mine = [(t, r, c) for q, t, r, c in scored if q is p]
             if not mine:
                 continue
-            text, reward = max(mine, key=lambda x: x[1])
+            text, reward, cut_off = max(mine, key=lambda x: (x[1], not x[2]))
             out.append({"source": p.source, "prompt": p.problem.prompt, "hint": p.hint.text if p.hint else None,
-                        "delta": p.delta, "sample": text, "reward": reward})
+                        "delta": p.delta, "sample": text, "reward": reward, "cut_off": cut_off})
         return out
 
     def _cut(self, samples: list[Sample]) -> list[tuple[Sample, str]]:
