@@ -244,7 +244,8 @@ class HintedRescue:
         # the verifier read is where it stopped, not what it concluded — a ramble whose last number happened to be
         # right, which one positive row with no negative beside it would teach (§3.5)
         baseline = {id(p): own_successes[p.problem.prompt_id] / self.group_size for p in plans}
-        trains = [r > baseline[id(p)] and (self.cfg.train_cut_off or s.finish_reason != "length") for s, p, r in kept]
+        above = [r > baseline[id(p)] for _, p, r in kept]
+        trains = [a and (self.cfg.train_cut_off or s.finish_reason != "length") for a, (s, _, _) in zip(above, kept)]
         for i, (s, p, r) in enumerate(kept):
             if not trains[i]:
                 continue
@@ -255,12 +256,12 @@ class HintedRescue:
         out.examples = self._examples(plans, [(p, t, r, s.finish_reason == "length")
                                               for (s, t), p, r in zip(samples, owners, rewards)])
         for p in plans:
-            got = [(s, r, t) for (s, q, r), t in zip(kept, trains) if q is p]
+            got = [(r, a, t) for (_, q, r), a, t in zip(kept, above, trains) if q is p]
             out.count(p.source, "rescue_samples", len(got))
-            out.count(p.source, "rescued", sum(1 for _, r, _ in got if r > 0))
+            out.count(p.source, "rescued", sum(1 for r, _, _ in got if r > 0))
             out.count(p.source, "rescue_trained", sum(1 for _, _, t in got if t))
-            out.count(p.source, "rescue_cut_off", sum(1 for s, r, t in got if r > baseline[id(p)] and not t))
-            if not any(r > 0 for _, r, _ in got):
+            out.count(p.source, "rescue_cut_off", sum(1 for _, a, t in got if a and not t))
+            if not any(r > 0 for r, _, _ in got):
                 out.count(p.source, "rescue_verified_nothing")
         return out
 
