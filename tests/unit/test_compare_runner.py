@@ -667,3 +667,49 @@ def test_a_run_whose_process_is_killed_names_the_run_and_keeps_the_finished_ones
         run_all(spec, tmp_path / "out", _killed_at_seed_one, jobs=1, isolate=True)
     finished = [d for d in run_dir_of(spec, tmp_path / "out") if (d / "summary.json").is_file()]
     assert [d.name for d in finished] == ["seed0"]
+
+
+def _host(cpu: str) -> dict:
+    return {"cpu": cpu, "cpu_model": "6/143", "flags": ["avx512_bf16"], "torch": "2.13.0", "threads": 2}
+
+
+def test_the_report_warns_when_one_seeds_runs_came_from_different_machines(tmp_path):
+    """bf16 rounds differently across CPUs, so a seed's paired runs from two machines can differ by a mode's whole
+    effect; the report names the seed and which entry ran where. Runs from before summaries named their machine
+    (no ``host``) are not guessed at."""
+    base = _fake_run([])
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        s = json.loads((d / "summary.json").read_text())
+        if cfg.seed == 1:
+            s["host"] = _host("Xeon A" if cfg.sharing.mode == "sgt" else "EPYC B")
+        elif cfg.seed == 2:
+            s["host"] = _host("Xeon A")
+        (d / "summary.json").write_text(json.dumps(s))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    res = write_report(spec, tmp_path / "out")
+    mixed = res["mixed_hosts_by_pair"]["demo"]
+    assert list(mixed) == [1]
+    assert mixed[1] == {"EPYC B (6/143), avx512_bf16, torch 2.13.0": ["grpo"],
+                        "Xeon A (6/143), avx512_bf16, torch 2.13.0": ["sgt"]}
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "a seed's runs came from different machines" in report
+    assert "seed 1: grpo on EPYC B" in report and "seed 0" not in report.split("different machines")[1].split("\n")[0]
+
+
+def test_runs_from_one_machine_get_no_machine_warning(tmp_path):
+    base = _fake_run([])
+
+    def run(cfg, d: Path):
+        base(cfg, d)
+        s = json.loads((d / "summary.json").read_text())
+        s["host"] = _host("Xeon A")
+        (d / "summary.json").write_text(json.dumps(s))
+
+    spec = CompareSpec.load(_spec(tmp_path))
+    run_all(spec, tmp_path / "out", run)
+    assert write_report(spec, tmp_path / "out")["mixed_hosts_by_pair"]["demo"] == {}
+    assert "different machines" not in (tmp_path / "out" / "report.md").read_text()

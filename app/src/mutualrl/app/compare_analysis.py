@@ -21,6 +21,7 @@ from mutualrl.runtime.eval_analysis import (
     per_problem_paired,
     read_evals,
 )
+from mutualrl.runtime.host import host_key
 from mutualrl.runtime.outputs import read_metrics
 from mutualrl.services.learner.step_record import cross_rows_split
 
@@ -262,6 +263,7 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
         precisions: dict[str, dict[str, list[str]]] = {}  # policy -> precision -> the runs trained in it
         left_to_auto: set[str] = set()  # policies whose precision some run left to the machine
         edge_runs: dict[str, list[dict[str, dict[str, float]]]] = {}  # entry -> each run's per-edge sums
+        hosts: dict[int, dict[str, list[str]]] = {}  # seed -> machine -> the entries that ran it there
         for entry in spec.entries:
             for seed in spec.seeds:
                 d = run_dir(out, entry, pair, seed)
@@ -281,6 +283,8 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
                 fmt = _answer_format(d)
                 _note_precisions(precisions, left_to_auto, _precisions(d, summary), _chosen_dtypes(d),
                                  f"{entry} seed {seed}")
+                if (host := host_key(summary.get("host"))) is not None:
+                    hosts.setdefault(seed, {}).setdefault(host, []).append(entry)
                 for policy, p in summary["policies"].items():
                     evals = read_evals(d / "evals" / f"{policy}.jsonl")
                     first_h, last_h = entropy.get(policy, (None, None))
@@ -310,6 +314,9 @@ def analyse(spec: CompareSpec, out: Path) -> dict:
         # a mix the entries asked for (a precision compare sets model.dtype per entry) is the point, not a confound
         results.setdefault("mixed_precision_by_pair", {})[pair] = {
             p: v for p, v in precisions.items() if len(v) > 1 and p in left_to_auto}
+        # runs paired seed by seed should share a machine: bf16 rounds differently across CPUs
+        results.setdefault("mixed_hosts_by_pair", {})[pair] = {
+            seed: by_host for seed, by_host in sorted(hosts.items()) if len(by_host) > 1}
         results["wall_by_pair"][pair] = {e: {"run_s": ci95(w["run"]), "rl_s": ci95(w["rl"])} for e, w in walls.items()}
         results.setdefault("edges_by_pair", {})[pair] = {
             e: {edge: _mean_counts([r.get(edge) or {} for r in runs]) for edge in sorted({k for r in runs for k in r})}

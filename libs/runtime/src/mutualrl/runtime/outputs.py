@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mutualrl.runtime.host import host_info
+
 
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
@@ -92,7 +94,10 @@ def policy_summary(*, source: str, params: int, warm_start_steps: int, warm_star
 def write_summary(out_dir: Path, name: str, sharing_mode: str, steps: int, policies: dict[str, dict],
                   **extra: Any) -> dict:
     """``summary.json`` of a run, the same shape from `mutualrl run` and `mutualrl up` (what
-    `mutualrl compare` and the reports read); ``extra``: what a launcher adds (timings, restarts)."""
-    summary = {"name": name, "sharing_mode": sharing_mode, "steps": steps, **extra, "policies": policies}
+    `mutualrl compare` and the reports read); ``extra``: what a launcher adds (timings, restarts). ``host`` names the
+    machine (CPU, numeric flags, torch) unless the launcher gives its own: a compare warns when one seed's runs came
+    from different machines, whose bf16 rounds differently."""
+    summary = {"name": name, "sharing_mode": sharing_mode, "steps": steps, "host": host_info(), **extra,
+               "policies": policies}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
