@@ -90,8 +90,8 @@ def report_md(results: dict) -> str:
         hosts = (results.get("mixed_hosts_by_pair") or {}).get(pair) or {}
         if hosts:
             lines += ["**Warning: a seed's runs came from different machines**, and bf16 rounds differently across "
-                      "CPUs, so a paired difference at that seed may be the machines' (on `products` one seed's "
-                      "isolated GRPO run read 25.0 % on one machine and 17.2 % on another): " + "; ".join(
+                      "CPUs, so a paired difference at that seed may be the machines' rather than the entries': "
+                      + "; ".join(
                           f"seed {seed}: " + ", ".join(f"{', '.join(runs)} on {host}" for host, runs in by.items())
                           for seed, by in hosts.items()) + ". Run a seed's entries on one kind of machine.", ""]
         lines += ["", *_efficiency_lines(results, entries), *_wall_lines(results, pair),
