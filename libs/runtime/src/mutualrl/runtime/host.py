@@ -14,23 +14,26 @@ from pathlib import Path
 
 import torch
 
+from mutualrl.models.precision import cpu_flags
+
 # the instruction sets that change how a CPU computes bf16 (and so a run's numbers), in the order they are named
 NUMERIC_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
+def _first(cpuinfo: str, key: str) -> str | None:
+    """The first processor's value of ``key`` (a run's cores are one kind)."""
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == key:
+            return value.strip()
+    return None
+
+
 def parse_cpuinfo(text: str) -> dict:
     """The first processor's model name, family/model and numeric flags from ``/proc/cpuinfo``'s text."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            if fields:
-                break  # the first processor's block is enough: a run's cores are one kind
-            continue
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    flags = set(fields.get("flags", "").split())
-    family, model = fields.get("cpu family"), fields.get("model")
-    return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
+    flags = cpu_flags(text)
+    family, model = _first(text, "cpu family"), _first(text, "model")
+    return {"cpu": _first(text, "model name") or platform.processor() or platform.machine(),
             "cpu_model": f"{family}/{model}" if family and model else None,
             "flags": [f for f in NUMERIC_FLAGS if f in flags]}
 
