@@ -1,5 +1,6 @@
-"""tools/probe_hints.py's response prefix: the required form's opening, as a receiver's completion would start with
-it, and the hint text a receiver is shown in the probe's other conditions."""
+"""The probes' response prefix (mutualrl.app.hint_probe, which tools/probe_hints.py uses): the required form's
+opening, as a receiver's completion would start with it, and the hint text a receiver is shown in the probe's other
+conditions; and the research tool's own synthetic hints."""
 
 from __future__ import annotations
 
@@ -15,10 +16,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def probe():
+    from mutualrl.app import hint_probe
+
+    return hint_probe
+
+
+@pytest.fixture(scope="module")
+def tool():
     spec = importlib.util.spec_from_file_location("probe_hints", ROOT / "tools" / "probe_hints.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def test_the_tools_synthetic_hints_are_a_bare_and_a_worked_answer(tool):
+    assert tool.synthetic_peers("Calculate 12 + 34.", "46", "answer_tags") == {
+        "bare": "<answer>46</answer>", "worked": "12 + 34 = 46\n\n<answer>46</answer>"}
+    assert tool.synthetic_peers("Calculate 12 + 34.", "46", "last_number")["worked"] == "12 + 34 = 46"
 
 
 @pytest.mark.parametrize("fmt, opening", [("answer_tags", "<answer>"), ("boxed", "\\boxed{"), ("last_number", "")])

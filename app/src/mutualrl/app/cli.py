@@ -123,6 +123,41 @@ def probe(
         md_out.write_text(table + "\n")
 
 
+@app.command("probe-hints")
+def probe_hints(
+    config: ConfigFile,
+    receiver: str = typer.Argument(..., help="The policy that would be rescued."),
+    peer: str = typer.Argument(..., help="The policy whose verified successes become its hints."),
+    set_: Overrides = None,
+    problems: int = typer.Option(16, "--problems", min=2, help="Training problems probed (the first ones)."),
+    samples: int = typer.Option(8, "--samples", min=1, help="Samples per problem and condition, peer and receiver."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.01,
+                                                help="Default: each policy's engine.temperature."),
+    reference: bool = typer.Option(False, "--reference", help="Also the task's own answer as the hint (SGT-R's "
+                                   "reference control)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here too."),
+    md_out: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as Markdown here too."),
+) -> None:
+    """Before an SGT-R run: does a peer's verified success, shown as SGT-R shows it (its answer masked, in the hint
+    frame), make the receiver verify more often than without it on the same problems? Prints each hint kind's
+    paired change per problem and a verdict."""
+    cfg = _load(config, set_)
+    from mutualrl.app.hint_probe import probe_hints as run_probe
+    from mutualrl.app.hint_probe import render
+
+    try:
+        result = run_probe(cfg, receiver, peer, problems=problems, samples=samples, temperature=temperature,
+                           reference=reference, echo=lambda s: err.print(s, highlight=False, markup=False))
+    except ConfigError as e:  # a policy the file does not have, the same one twice, a model that does not load
+        raise _fail(str(e))
+    table = render(result)
+    out.print(table, highlight=False, soft_wrap=True, markup=False)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
+    if md_out:
+        md_out.write_text(table + "\n")
+
+
 @app.command()
 def up(config: ConfigFile, set_: Overrides = None, out_dir: RunDir = None) -> None:
     """Run an experiment as services: Redis (unless broker.url is set) and, per policy, a rollout

@@ -55,6 +55,20 @@ HINT_REFUSALS = ("frame", "control_token", "unspellable", "too_long", "context",
 """Why a hint was not shown (its prompt got plain samples), or why a round got no samples at all."""
 
 
+def hint_refusal(tok: PreTrainedTokenizerBase, text: str, max_hint_tokens: int) -> str | None:
+    """Why a hint's ``text`` cannot be shown to the receiver whose tokenizer is ``tok``, or None: the checks of the
+    module docstring, in order (``mutualrl probe-hints`` applies the same ones)."""
+    if any(d in text for d in HINT_DELIMITERS):
+        return "frame"  # it would close the hint's frame and write outside it
+    if control_text_in(tok, text) is not None:
+        return "control_token"
+    if not spells(tok, text):
+        return "unspellable"
+    if len(tok(text, add_special_tokens=False)["input_ids"]) > max_hint_tokens:
+        return "too_long"
+    return None
+
+
 @dataclass
 class Plan:
     """One rescued prompt: the plain and the sampled prompt's token ids, the hint shown (None: plain samples), the
@@ -121,15 +135,7 @@ class HintedRescue:
 
     def _refusal(self, hint: Hint) -> str | None:
         """Why a hint cannot be shown to this receiver, or None."""
-        if any(d in hint.text for d in HINT_DELIMITERS):
-            return "frame"  # it would close the hint's frame and write outside it
-        if control_text_in(self.tok, hint.text) is not None:
-            return "control_token"
-        if not spells(self.tok, hint.text):
-            return "unspellable"
-        if len(self.tok(hint.text, add_special_tokens=False)["input_ids"]) > self.cfg.max_hint_tokens:
-            return "too_long"
-        return None
+        return hint_refusal(self.tok, hint.text, self.cfg.max_hint_tokens)
 
     def _hint(self, step: int, problem: Problem, item: RescueItem | None) -> Hint:
         if item is None:
