@@ -26,6 +26,7 @@ work, cut at a word), so the receiver writes the rest of the work and the answer
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def main() -> None:
         peer = Sampler(cfg, names.index(args.peer), task, verifier, args.temperature, g)
         kept, verified = peer_successes(peer, problems, verifier, args.samples)
         del peer
+        gc.collect()  # one model in memory at a time
         out["peer_verified"] = verified / (len(problems) * args.samples)
         print(f"{args.peer} T={args.temperature}: verified {verified}/{len(problems) * args.samples}, a success on "
               f"{sum(k is not None for k in kept)}/{len(problems)} problems", flush=True)
