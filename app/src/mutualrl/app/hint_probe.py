@@ -80,7 +80,6 @@ class Sampler:
         from mutualrl.models.cache import default_cache_dir
 
         pp = prepare_policy(cfg, index, task, verifier, cache or default_cache_dir(), echo)
-        self.name = cfg.policies[index].name
         self.tok, self.model, self.style = pp.arts.tokenizer, pp.arts.model, prompt_style(cfg, pp.config)
         self.stops = self.style.stops(self.tok)
         self.decode = text_decoder(self.tok)
