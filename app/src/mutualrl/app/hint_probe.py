@@ -39,10 +39,11 @@ import torch
 
 from mutualrl.config import ConfigError, ExperimentConfig
 from mutualrl.config.schema import SgtRConfig
-from mutualrl.models.generation import cut_at_stop, sample, stop_string_check, text_decoder
+from mutualrl.models.generation import sample, stop_string_check, text_decoder
 from mutualrl.models.policy import encode_prompt
 from mutualrl.runtime.compare_stats import ci95
-from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy, prompt_style
+from mutualrl.runtime.evaluation import completion_text
+from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy, prompt_style, sampling_temperature
 from mutualrl.services.learner.hinted_rescue import hint_refusal
 from mutualrl.tasks import Problem, Verifier
 from mutualrl.tasks.answers import MASK, answer_span, extract_answer, required_form
@@ -81,9 +82,7 @@ class Sampler:
 
         pp = prepare_policy(cfg, index, task, verifier, cache or default_cache_dir(), echo)
         self.tok, self.model, self.style = pp.arts.tokenizer, pp.arts.model, prompt_style(cfg, pp.config)
-        self.stops = self.style.stops(self.tok)
-        self.decode = text_decoder(self.tok)
-        self.check = stop_string_check(self.decode, self.stops)
+        self.check = stop_string_check(text_decoder(self.tok), self.style.stops(self.tok))
         self.max_new_tokens, self.temperature, self.generator = cfg.budget.max_new_tokens, temperature, generator
 
     def __call__(self, question: str, k: int, prefix: str = "") -> list[str]:
@@ -94,8 +93,7 @@ class Sampler:
         outs = sample(self.model, [ids] * k, eos_id=self.tok.eos_token_id, pad_id=self.tok.pad_token_id,
                       max_new_tokens=self.max_new_tokens, temperature=self.temperature, generator=self.generator,
                       stop=self.check)
-        return [prefix + (cut_at_stop(self.decode, o, self.stops)[1] if self.stops else self.decode(o.token_ids))
-                for o in outs]
+        return [prefix + completion_text(self.tok, o, self.style) for o in outs]
 
 
 def carries_work(hint_text: str, question: str) -> bool:
@@ -268,10 +266,7 @@ def probe_hints(cfg: ExperimentConfig, receiver: str, peer: str, *, problems: in
     g = torch.Generator().manual_seed(cfg.seed)
 
     def temp(name: str) -> float:
-        if temperature is not None:
-            return temperature
-        t = cfg.policies[names.index(name)].engine.temperature
-        return t if t > 0 else 1.0
+        return temperature if temperature is not None else sampling_temperature(cfg.policies[names.index(name)])
 
     echo(f"[{peer}] sampling {len(chosen)} problems × {samples} (T {temp(peer)})")
     sampler = Sampler(cfg, names.index(peer), task, verifier, temp(peer), g, cache, echo)

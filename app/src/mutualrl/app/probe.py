@@ -31,7 +31,7 @@ import torch
 from mutualrl.config import ExperimentConfig
 from mutualrl.models.policy import PromptStyle
 from mutualrl.runtime.evaluation import scored_completions
-from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy
+from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy, sampling_temperature
 from mutualrl.tasks import build_verifier
 from mutualrl.tasks.answers import INSTRUCTIONS
 
@@ -146,7 +146,7 @@ def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT
     for index, p in enumerate(cfg.policies):
         pp = prepare_policy(cfg, index, task, build_verifier(cfg.task.verifier, task, formats[0]), cache, echo)
         model, tok = pp.arts.model, pp.arts.tokenizer
-        temperature = p.engine.temperature if p.engine.temperature > 0 else 1.0
+        temperature = sampling_temperature(p)
         for style in _styles(cfg, index, tok):
             for fmt in formats:
                 t0 = time.monotonic()

@@ -75,6 +75,12 @@ def prompt_style(cfg: ExperimentConfig, p: PolicyConfig) -> PromptStyle:
                        stop=tuple(pr.stop) if pr.stop is not None else None)
 
 
+def sampling_temperature(p: PolicyConfig) -> float:
+    """The temperature a policy is sampled at when its pass rate is measured: its engine's, or 1 where the engine
+    decodes greedily (a rate at temperature 0 is one sample's)."""
+    return p.engine.temperature if p.engine.temperature > 0 else 1.0
+
+
 def model_path(p: PolicyConfig, cache: Path | None, phase: Callable[[str], None] = lambda s: None) -> str | None:
     """``model.path`` as a folder: a preset name (``smollm2-135m-instruct``) is converted on first use."""
     if not p.model.path:
@@ -187,7 +193,7 @@ def pass_rate_before_rl(pp: PreparedPolicy, task: Task, verifier: Verifier, cfg:
     if not cfg.eval.pass_rate_check or not p.model.path:
         return None
     fmt = cfg.task.answer_format or "whole"
-    temperature = p.engine.temperature if p.engine.temperature > 0 else 1.0
+    temperature = sampling_temperature(p)
     pr = sampled_pass_rate(pp.arts.model, pp.arts.tokenizer, task.eval[: cfg.eval.pass_rate_problems], verifier, fmt,
                            lambda f: build_verifier(cfg.task.verifier, task, f), prompt_style(cfg, p),
                            cfg.budget.max_new_tokens, temperature, cfg.eval.pass_rate_budget_s, seed=cfg.seed)
