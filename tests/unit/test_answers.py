@@ -147,3 +147,31 @@ def test_import_gguf_refuses_bad_files_in_one_line(tmp_path):
                            text=True, timeout=120)
     assert wrong.returncode == 2 and "is not a .gguf file" in wrong.stderr
 
+
+
+def test_a_policy_can_have_its_own_instruction():
+    """policies[].prompt.instruction replaces the task's for that policy alone (a peer asked to show its work, a
+    receiver left with the sentence it answers best under); the answer format, and so re-verification, stays
+    shared. `mutualrl probe` measures each policy under the instruction it will train with."""
+    from mutualrl.app.probe import _style
+    from mutualrl.runtime.policy_setup import policy_instruction, prompt_style
+
+    own = "Show each partial product, then give the final answer as a number at the end."
+    cfg = _cfg({**REAL, "name": "peer", "prompt": {"instruction": own}},
+               {**REAL, "name": "receiver"}, {**REAL, "name": "silent", "prompt": {"instruction": ""}})
+    peer, receiver, silent = cfg.policies
+    assert cfg.task.answer_format == "last_number"  # one format for all three
+    assert policy_instruction(cfg, peer) == own
+    assert policy_instruction(cfg, receiver) == task_instruction(cfg) == INSTRUCTIONS["last_number"]
+    assert policy_instruction(cfg, silent) == ""
+    assert prompt_style(cfg, peer).messages("3 * 4 =") == [{"role": "user", "content": f"3 * 4 =\n\n{own}"}]
+    assert prompt_style(cfg, receiver).messages("3 * 4 =")[0]["content"].endswith(INSTRUCTIONS["last_number"])
+    assert prompt_style(cfg, silent).messages("3 * 4 =") == [{"role": "user", "content": "3 * 4 ="}]
+    # the probe tries every format, each with its own sentence, except where a policy fixed its instruction
+    assert _style(cfg, 0, "chat", "boxed").instruction == own
+    assert _style(cfg, 1, "chat", "boxed").instruction == INSTRUCTIONS["boxed"]
+    completion = _style(cfg, 0, "completion", "boxed")
+    assert completion.completion_text("3 * 4 =").startswith(f"{own}\n\nQuestion: 3 * 4 =")
+    # the task-wide instruction still reaches every policy without one of its own
+    both = _cfg({**REAL, "name": "a"}, {**REAL, "name": "b", "prompt": {"instruction": own}}, instruction="Be brief.")
+    assert [policy_instruction(both, p) for p in both.policies] == ["Be brief.", own]

@@ -110,7 +110,8 @@ def _styles(cfg: ExperimentConfig, index: int, tok) -> list[str]:
 
 def _style(cfg: ExperimentConfig, index: int, style: str, fmt: str) -> PromptStyle:
     p = cfg.policies[index]
-    instruction = cfg.task.instruction if cfg.task.instruction is not None else INSTRUCTIONS[fmt]
+    own = p.prompt.instruction if p.prompt.instruction is not None else cfg.task.instruction
+    instruction = own if own is not None else INSTRUCTIONS[fmt]
     if style == "chat":
         return PromptStyle(chat_template=True, instruction=instruction)
     if style == "completion":

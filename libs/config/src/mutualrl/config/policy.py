@@ -76,6 +76,11 @@ class PromptConfig(_Strict):
     template: str = Field("{instruction}Question: {prompt}\nAnswer:",
                           description="The completion form: {prompt} is the task text, {instruction} the task's "
                                       "instruction as a first paragraph (empty when there is none).")
+    instruction: Optional[str] = Field(
+        None, description="This policy's own instruction, in place of task.instruction (None: the task's; \"\" for "
+                          "none). Families answer differently: a peer can be asked to show its work while a receiver "
+                          "keeps the sentence it answers best under. The answer format stays the task's: every "
+                          "policy's completions are read and re-verified the same way.")
     stop: Optional[list[str]] = Field(None, description="Strings that end a completion (text cut before the first; "
                                       "the tokens kept up to the one that completes it). None: [\"\\n\\n\", "
                                       "\"\\nQuestion:\"] in completion form, none otherwise.")

@@ -84,9 +84,10 @@ class TaskConfig(_Strict):
                           "sampled reference answer is a number, else answer_tags). `mutualrl probe` measures "
                           "which format each policy can follow.")
     instruction: Optional[str] = Field(
-        None, description="How to answer, told to every policy whose prompts go through a chat template (as its "
-                          "system message); None: the answer format's default sentence; \"\" for none. Built models "
-                          "without a template see the bare prompt.")
+        None, description="How to answer, told to every policy whose prompts go through a chat template or the "
+                          "completion form (after the task text in the user turn; a policy's own "
+                          "prompt.instruction replaces it); None: the answer format's default sentence; \"\" for "
+                          "none. Built models without a template see the bare prompt.")
     train_size: int = Field(20000, ge=1)
     eval_size: int = Field(256, ge=1)
     min_digits: int = Field(1, ge=1, description="arithmetic")

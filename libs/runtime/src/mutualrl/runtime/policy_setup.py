@@ -64,14 +64,20 @@ def task_instruction(cfg: ExperimentConfig) -> str:
     return INSTRUCTIONS[cfg.task.answer_format]
 
 
+def policy_instruction(cfg: ExperimentConfig, p: PolicyConfig) -> str:
+    """The instruction policy ``p`` is given: its own ``prompt.instruction`` where set, else the task's
+    (:func:`task_instruction`)."""
+    return p.prompt.instruction if p.prompt.instruction is not None else task_instruction(cfg)
+
+
 def prompt_style(cfg: ExperimentConfig, p: PolicyConfig) -> PromptStyle:
-    """How policy ``p`` is shown prompts (``policies[].prompt``, its tokenizer's chat_template setting) and the
-    task's instruction. A built model is never put in completion form under ``auto``: it is trained on the bare
-    task text."""
+    """How policy ``p`` is shown prompts (``policies[].prompt``, its tokenizer's chat_template setting) and its
+    instruction (:func:`policy_instruction`). A built model is never put in completion form under ``auto``: it
+    is trained on the bare task text."""
     pr = p.prompt
     chat = {"chat": True, "completion": False, "bare": False}.get(pr.style, p.tokenizer.chat_template)
     completion = pr.template if pr.style == "completion" or (pr.style == "auto" and p.model.path) else None
-    return PromptStyle(chat_template=chat, instruction=task_instruction(cfg), completion_template=completion,
+    return PromptStyle(chat_template=chat, instruction=policy_instruction(cfg, p), completion_template=completion,
                        stop=tuple(pr.stop) if pr.stop is not None else None)
 
 
