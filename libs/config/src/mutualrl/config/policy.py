@@ -74,7 +74,7 @@ class PromptConfig(_Strict):
                             "else the completion form for a loaded model (Gemma-3-270M, a base model) and the bare "
                             "task text for a built one; chat, completion or bare force one.")
     template: str = Field("{instruction}Question: {prompt}\nAnswer:",
-                          description="The completion form: {prompt} is the task text, {instruction} the task's "
+                          description="The completion form: {prompt} is the task text, {instruction} the policy's "
                                       "instruction as a first paragraph (empty when there is none).")
     instruction: Optional[str] = Field(
         None, description="This policy's own instruction, in place of task.instruction (None: the task's; \"\" for "

@@ -55,8 +55,8 @@ def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
 
 
 def task_instruction(cfg: ExperimentConfig) -> str:
-    """The instruction a pretrained policy is given: ``task.instruction``, else its answer format's default. The
-    answer format must be resolved by then (:func:`build_task_from_config` does it)."""
+    """The task-wide instruction, given to a pretrained policy without one of its own: ``task.instruction``, else
+    its answer format's default. The answer format must be resolved by then (:func:`build_task_from_config` does it)."""
     if cfg.task.instruction is not None:
         return cfg.task.instruction
     if cfg.task.answer_format is None:
