@@ -148,7 +148,6 @@ def test_import_gguf_refuses_bad_files_in_one_line(tmp_path):
     assert wrong.returncode == 2 and "is not a .gguf file" in wrong.stderr
 
 
-
 def test_a_policy_can_have_its_own_instruction():
     """policies[].prompt.instruction replaces the task's for that policy alone (a peer asked to show its work, a
     receiver left with the sentence it answers best under); the answer format, and so re-verification, stays
