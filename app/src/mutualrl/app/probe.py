@@ -31,9 +31,13 @@ import torch
 from mutualrl.config import ExperimentConfig
 from mutualrl.models.policy import PromptStyle
 from mutualrl.runtime.evaluation import scored_completions
-from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy, sampling_temperature
+from mutualrl.runtime.policy_setup import (
+    build_task_from_config,
+    policy_instruction,
+    prepare_policy,
+    sampling_temperature,
+)
 from mutualrl.tasks import build_verifier
-from mutualrl.tasks.answers import INSTRUCTIONS
 
 ROOM = (0.10, 0.70)
 """Sampled pass rates where GRPO has room: enough successes to learn from, enough failures to improve on."""
@@ -110,8 +114,7 @@ def _styles(cfg: ExperimentConfig, index: int, tok) -> list[str]:
 
 def _style(cfg: ExperimentConfig, index: int, style: str, fmt: str) -> PromptStyle:
     p = cfg.policies[index]
-    own = p.prompt.instruction if p.prompt.instruction is not None else cfg.task.instruction
-    instruction = own if own is not None else INSTRUCTIONS[fmt]
+    instruction = policy_instruction(cfg, p, fmt)
     if style == "chat":
         return PromptStyle(chat_template=True, instruction=instruction)
     if style == "completion":

@@ -54,20 +54,22 @@ def build_task_from_config(cfg: ExperimentConfig) -> tuple[Task, Verifier]:
         return task, build_verifier(t.verifier, task, t.answer_format)
 
 
-def task_instruction(cfg: ExperimentConfig) -> str:
+def task_instruction(cfg: ExperimentConfig, fmt: str | None = None) -> str:
     """The task-wide instruction, given to a pretrained policy without one of its own: ``task.instruction``, else
-    its answer format's default. The answer format must be resolved by then (:func:`build_task_from_config` does it)."""
+    the default of answer format ``fmt`` (None: the task's, which must be resolved by then —
+    :func:`build_task_from_config` does it; `mutualrl probe` passes each format it tries)."""
     if cfg.task.instruction is not None:
         return cfg.task.instruction
-    if cfg.task.answer_format is None:
+    fmt = fmt if fmt is not None else cfg.task.answer_format
+    if fmt is None:
         raise RuntimeError("task.answer_format is resolved when the task is built (build_task_from_config)")
-    return INSTRUCTIONS[cfg.task.answer_format]
+    return INSTRUCTIONS[fmt]
 
 
-def policy_instruction(cfg: ExperimentConfig, p: PolicyConfig) -> str:
+def policy_instruction(cfg: ExperimentConfig, p: PolicyConfig, fmt: str | None = None) -> str:
     """The instruction policy ``p`` is given: its own ``prompt.instruction`` where set, else the task's
-    (:func:`task_instruction`)."""
-    return p.prompt.instruction if p.prompt.instruction is not None else task_instruction(cfg)
+    (:func:`task_instruction`, under answer format ``fmt``)."""
+    return p.prompt.instruction if p.prompt.instruction is not None else task_instruction(cfg, fmt)
 
 
 def prompt_style(cfg: ExperimentConfig, p: PolicyConfig) -> PromptStyle:
