@@ -90,6 +90,17 @@ def test_bad_override_is_a_config_error():
         load_config(DEMO, ["policies.nobody.optim.lr=1"])
 
 
+def test_text_with_a_colon_read_as_a_mapping_says_to_quote_it():
+    """An instruction like "Work it out: ..." passed unquoted is YAML's key: value, not the text."""
+    with pytest.raises(ConfigError) as e:
+        load_config(DEMO, ["policies.0.prompt.instruction=Work it out step by step: one number at a time."])
+    msg = str(e.value)
+    assert "policies.0.prompt.instruction" in msg and "got a mapping" in msg and "quotes" in msg
+    assert "\n" not in msg
+    cfg = load_config(DEMO, ['policies.0.prompt.instruction="Work it out step by step: one number at a time."'])
+    assert cfg.policies[0].prompt.instruction == "Work it out step by step: one number at a time."
+
+
 def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path):
     bad = _write(tmp_path, MINIMAL + "sharing: {mode: telepathy}\n")
     for cmd in (["validate", str(bad)], ["run", str(bad)], ["run", str(DEMO), "--set", "budget.steps=-1"],

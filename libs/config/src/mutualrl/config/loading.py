@@ -28,6 +28,10 @@ def _format_validation(err: ValidationError, source: str) -> str:
             msg = "unknown field"
         elif e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"
+        elif e["type"] == "string_type" and isinstance(e.get("input"), dict):
+            # YAML reads unquoted text with ": " in it as a mapping: say so, or the line reads as nonsense
+            msg = (f"{msg}, got a mapping: text with ': ' in it reads as YAML's key: value; put it in quotes "
+                   "(in a file: field: \"text\"; on the command line: --set 'field=\"text\"')")
         parts.append(f"{loc}: {msg}" if loc else msg)
     more = f" (+{len(err.errors()) - 3} more)" if len(err.errors()) > 3 else ""
     return f"{source}: " + "; ".join(parts) + more
