@@ -96,11 +96,17 @@ def probe(
     formats: str = typer.Option("last_number,answer_tags,boxed,last_line", "--formats",
                                 help="Answer formats to try, comma-separated."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Default: budget.max_new_tokens."),
+    worked: bool = typer.Option(False, "--worked", help="Also each cell with an instruction to write each "
+                                "intermediate result, sampled cooler: tells a cold start in skill from one in the "
+                                "instruction."),
+    worked_temperature: float = typer.Option(0.7, "--worked-temperature", min=0.01,
+                                             help="The temperature of the --worked cells."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here too."),
     md_out: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as Markdown here too."),
 ) -> None:
     """Each policy's greedy and sampled pass rate under each answer format and prompt style, and the setting where
-    RL has room (sampled pass rates between ~10 % and ~70 %)."""
+    RL has room (sampled pass rates between ~10 % and ~70 %). With --worked, also under an instruction to show the
+    work: a policy cold under its own instruction but not when worked is cold by its instruction, not by skill."""
     cfg = _load(config, set_)
     from mutualrl.app.probe import probe as run_probe
     from mutualrl.app.probe import render
@@ -112,7 +118,8 @@ def probe(
         raise _fail(f"unknown answer format {', '.join(unknown) or '(none given)'}; valid: "
                     f"{', '.join(ANSWER_FORMATS)}")
     try:
-        result = run_probe(cfg, n, wanted, max_new_tokens, echo=lambda s: err.print(s, highlight=False, markup=False))
+        result = run_probe(cfg, n, wanted, max_new_tokens, worked=worked, worked_temperature=worked_temperature,
+                           echo=lambda s: err.print(s, highlight=False, markup=False))
     except ConfigError as e:
         raise _fail(str(e))
     table = render(result)

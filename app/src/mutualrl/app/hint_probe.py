@@ -122,16 +122,18 @@ def form_opening(fmt: str) -> str:
     return form[: answer_span(form, fmt)[0]]
 
 
-def peer_successes(peer: Sampler, problems: list[Problem], verifier: Verifier,
-                   k: int) -> tuple[list[Optional[tuple[str, str]]], int]:
+def peer_successes(peer: Sampler, problems: list[Problem], verifier: Verifier, k: int,
+                   echo: Callable[[str], None] = lambda s: None) -> tuple[list[Optional[tuple[str, str]]], int]:
     """Per problem, the peer's shortest and longest verified completion of ``k`` (None: no success, so SGT-R would
-    get nothing there), and how many of all its samples verified."""
+    get nothing there), and how many of all its samples verified. A line per problem through ``echo``: a larger
+    peer takes minutes a problem on a CPU."""
     kept: list[Optional[tuple[str, str]]] = []
     verified = 0
-    for p in problems:
+    for i, p in enumerate(problems, 1):
         ok = [t for t in peer(p.prompt, k) if verifier.score(p, t) > 0]
         verified += len(ok)
         kept.append((min(ok, key=len), max(ok, key=len)) if ok else None)
+        echo(f"[peer] problem {i}/{len(problems)}: verified {len(ok)}/{k} (so far {verified}/{i * k})")
     return kept, verified
 
 
@@ -270,7 +272,7 @@ def probe_hints(cfg: ExperimentConfig, receiver: str, peer: str, *, problems: in
 
     echo(f"[{peer}] sampling {len(chosen)} problems × {samples} (T {temp(peer)})")
     sampler = Sampler(cfg, names.index(peer), task, verifier, temp(peer), g, cache, echo)
-    kept, peer_verified = peer_successes(sampler, chosen, verifier, samples)
+    kept, peer_verified = peer_successes(sampler, chosen, verifier, samples, echo)
     del sampler
     gc.collect()
     echo(f"[{peer}] verified {peer_verified}/{len(chosen) * samples}, a success on "

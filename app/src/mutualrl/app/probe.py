@@ -12,6 +12,13 @@ probe measures greedy and sampled pass rates on held-out problems for every (for
 - per policy, the prompt style with the largest signal share under that format.
 
 Where the pick leaves a policy outside ~10–70 % sampled, it says so: no format gives every policy room.
+
+A policy can look cold for want of an instruction rather than of skill: Qwen2.5-Coder-0.5B-Instruct sampled 2 % on
+three-term sums of two-digit numbers under the task's instruction at T = 1, and 44 % when told to write each
+intermediate result at T 0.7 (docs/results/real/sgt-r/README.md). With ``worked=True`` every (format, style) is also
+measured under :func:`worked_instruction` at a cooler temperature; these cells take no part in the pick, but a picked
+policy at or under :data:`COLD` that samples in RL's room when worked is named: its cold start is its instruction's,
+and a peer's hint is not what it lacks.
 Each cell also counts the completions the token limit ended (no EOS, no stop string) and how many of its passes
 were read from one: a verifier that takes the last number of an unfinished explanation passes it whenever a stray
 number happens to match (on reasoning-gym's `gcd` at 48 tokens, most of a policy's passes). Where half or more of
@@ -38,10 +45,15 @@ from mutualrl.runtime.policy_setup import (
     sampling_temperature,
 )
 from mutualrl.tasks import build_verifier
+from mutualrl.tasks.answers import INSTRUCTIONS
 
 ROOM = (0.10, 0.70)
 """Sampled pass rates where GRPO has room: enough successes to learn from, enough failures to improve on."""
 DEFAULT_FORMATS = ("last_number", "answer_tags", "boxed", "last_line")
+COLD = 0.02
+"""A sampled pass rate at or under this is a cold start (issue #44's pair B: ≤ 2 % in the required form)."""
+WORKED_TEMPERATURE = 0.7
+"""The temperature of the worked cells: the sampler under which the 0.5B Qwen's work held together."""
 CUT_OFF_PASSES = 0.5
 """A picked policy with at least this share of its passes read from completions the token limit ended is warned."""
 
@@ -60,6 +72,8 @@ class Cell:
     seconds: float
     cut_off: float = 0.0  # share of the cell's completions (greedy and sampled) that the token limit ended
     passes_cut_off: float = 0.0  # share of its passes read from such a completion (0 with no passes)
+    instruction: str = "task"  # "task": the policy's own (or the task's); "worked": worked_instruction's
+    temperature: float | None = None  # of the sampled rate (None in results written before it was recorded)
 
 
 @dataclass
@@ -104,6 +118,12 @@ def signal_share(p: float, group_size: int) -> float:
     return 1.0 - p ** group_size - (1.0 - p) ** group_size
 
 
+def worked_instruction(fmt: str) -> str:
+    """The instruction of a worked cell: write each intermediate result, then the answer in format ``fmt``."""
+    return ("Work it out step by step and write each intermediate result. "
+            + INSTRUCTIONS[fmt].removeprefix("Solve the problem. "))
+
+
 def _styles(cfg: ExperimentConfig, index: int, tok) -> list[str]:
     p = cfg.policies[index]
     if not p.model.path:
@@ -112,9 +132,9 @@ def _styles(cfg: ExperimentConfig, index: int, tok) -> list[str]:
     return styles + ["completion"]
 
 
-def _style(cfg: ExperimentConfig, index: int, style: str, fmt: str) -> PromptStyle:
+def _style(cfg: ExperimentConfig, index: int, style: str, fmt: str, worked: bool = False) -> PromptStyle:
     p = cfg.policies[index]
-    instruction = policy_instruction(cfg, p, fmt)
+    instruction = worked_instruction(fmt) if worked else policy_instruction(cfg, p, fmt)
     if style == "chat":
         return PromptStyle(chat_template=True, instruction=instruction)
     if style == "completion":
@@ -135,10 +155,11 @@ def _rate(model, tok, problems, verifier, style: PromptStyle, max_new_tokens: in
 
 
 def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT_FORMATS,
-          max_new_tokens: int | None = None, batch: int = 16, cache=None,
-          echo: Callable[[str], None] = lambda s: None) -> dict:
+          max_new_tokens: int | None = None, batch: int = 16, cache=None, worked: bool = False,
+          worked_temperature: float = WORKED_TEMPERATURE, echo: Callable[[str], None] = lambda s: None) -> dict:
     """Every policy's greedy and sampled pass rate under every (format, style) on the first ``n`` held-out
-    problems, and the pick (module docstring)."""
+    problems, and the pick (module docstring); with ``worked``, each also under :func:`worked_instruction` sampled
+    at ``worked_temperature``."""
     from mutualrl.models.cache import default_cache_dir
 
     cache = cache or default_cache_dir()
@@ -150,23 +171,26 @@ def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT
     for index, p in enumerate(cfg.policies):
         pp = prepare_policy(cfg, index, task, build_verifier(cfg.task.verifier, task, formats[0]), cache, echo)
         model, tok = pp.arts.model, pp.arts.tokenizer
-        temperature = sampling_temperature(p)
+        runs = [("task", sampling_temperature(p))] + ([("worked", worked_temperature)] if worked else [])
         for style in _styles(cfg, index, tok):
             for fmt in formats:
-                t0 = time.monotonic()
-                verifier = build_verifier(cfg.task.verifier, task, fmt)
-                ps = _style(cfg, index, style, fmt)
-                greedy = _rate(model, tok, problems, verifier, ps, tokens, 0.0, cfg.seed, batch)
-                sampled = _rate(model, tok, problems, verifier, ps, tokens, temperature, cfg.seed, batch)
-                both = greedy + sampled
-                cell = Cell(p.name, fmt, style, len(problems), greedy.rate, sampled.rate,
-                            signal_share(sampled.rate, G), round(time.monotonic() - t0, 1), both.cut_off_share,
-                            both.passes_cut_off_share)
-                cells.append(cell)
-                cut = (f"  cut off {cell.cut_off:.0%} (of passes {cell.passes_cut_off:.0%})" if cell.cut_off
-                       else "")
-                echo(f"[{p.name}] {style:10s} {fmt:12s} greedy {greedy.rate:6.1%}  sampled {sampled.rate:6.1%}"
-                     f"{cut}  ({cell.seconds:.0f} s)")
+                for instruction, temperature in runs:
+                    if instruction == "worked" and not INSTRUCTIONS[fmt]:
+                        continue  # "whole": the bare answer is the whole completion, there is no work to ask for
+                    t0 = time.monotonic()
+                    verifier = build_verifier(cfg.task.verifier, task, fmt)
+                    ps = _style(cfg, index, style, fmt, worked=instruction == "worked")
+                    greedy = _rate(model, tok, problems, verifier, ps, tokens, 0.0, cfg.seed, batch)
+                    sampled = _rate(model, tok, problems, verifier, ps, tokens, temperature, cfg.seed, batch)
+                    both = greedy + sampled
+                    cell = Cell(p.name, fmt, style, len(problems), greedy.rate, sampled.rate,
+                                signal_share(sampled.rate, G), round(time.monotonic() - t0, 1), both.cut_off_share,
+                                both.passes_cut_off_share, instruction, temperature)
+                    cells.append(cell)
+                    cut = (f"  cut off {cell.cut_off:.0%} (of passes {cell.passes_cut_off:.0%})" if cell.cut_off
+                           else "")
+                    echo(f"[{p.name}] {style:10s} {fmt:12s} {_instruction_text(cell):14s} greedy {greedy.rate:6.1%}"
+                         f"  sampled {sampled.rate:6.1%}{cut}  ({cell.seconds:.0f} s)")
         del pp, model
         gc.collect()
     return {"task": cfg.task.name, "dataset": cfg.task.dataset, "dataset_config": cfg.task.dataset_config,
@@ -175,9 +199,19 @@ def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT
             "pick": pick(cells, [p.name for p in cfg.policies], formats, tokens)}
 
 
+def _instruction_text(cell: Cell | dict) -> str:
+    c = asdict(cell) if isinstance(cell, Cell) else cell
+    if c.get("instruction", "task") == "task":
+        return "task"
+    return f"worked, T {c['temperature']:g}"
+
+
 def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...], max_new_tokens: int | None = None) -> dict:
     """The answer format maximising the weakest policy's best signal share, each policy's best style under it,
     and whether every policy then has room (and whether its passes can be trusted: module docstring)."""
+    worked = [c for c in cells if c.instruction == "worked"]
+    cells = [c for c in cells if c.instruction == "task"]  # the pick sets format and style, not the instruction
+
     def best(policy: str, fmt: str) -> Cell:
         mine = [c for c in cells if c.policy == policy and c.answer_format == fmt]
         return max(mine, key=lambda c: (c.signal, c.sampled))
@@ -197,18 +231,41 @@ def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...], max_n
         note += ("; " + ", ".join(f"{r:.0%} of {q}'s passes" for q, r in unfinished.items())
                  + f" were read from completions cut off at {limit}, where a stray number can match: raise "
                  "budget.max_new_tokens (probe: --max-new-tokens) before trusting these rates")
+    cold = _cold_starts(chosen, worked)
+    if cold:
+        note += "; " + "; ".join(cold.values())
     return {"answer_format": fmt, "styles": styles, "weakest_signal": scored[fmt], "room": not outside,
-            "note": note, "overrides": [f"task.answer_format={fmt}"]
+            "note": note, "cold": cold, "overrides": [f"task.answer_format={fmt}"]
             + [f"policies.{q}.prompt.style={s}" for q, s in styles.items()]}
+
+
+def _cold_starts(chosen: dict[str, Cell], worked: list[Cell]) -> dict[str, str]:
+    """Per picked policy at or under :data:`COLD` with worked cells under its picked format: what its best worked
+    cell says of the cold start (module docstring)."""
+    found: dict[str, str] = {}
+    for q, c in chosen.items():
+        mine = [w for w in worked if w.policy == q and w.answer_format == c.answer_format]
+        if c.sampled > COLD or not mine:
+            continue
+        w = max(mine, key=lambda w: w.sampled)
+        how = f"asked to show its work ({w.style}, T {w.temperature:g}) {q} samples {w.sampled:.0%}"
+        if w.sampled >= ROOM[0]:
+            found[q] = (f"{how}: it is cold by its instruction, not by skill; give it a worked instruction "
+                        f"(policies.{q}.prompt.instruction) rather than a peer's hints")
+        elif w.sampled > COLD:
+            found[q] = f"{how}: warmer, still under {ROOM[0]:.0%}"
+        else:
+            found[q] = f"{how}: a cold start in skill, where a peer's hint may help (mutualrl probe-hints)"
+    return found
 
 
 def render(result: dict) -> str:
     """The probe's table and pick as Markdown."""
-    lines = ["| policy | style | answer format | greedy | sampled | signal share | cut off (of passes) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| policy | style | answer format | instruction | greedy | sampled | signal share | cut off (of passes) |",
+             "|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
-        lines.append(f"| {c['policy']} | {c['style']} | {c['answer_format']} | {c['greedy']:.1%} | "
-                     f"{c['sampled']:.1%} | {c['signal']:.2f} | {c.get('cut_off', 0.0):.0%} "
+        lines.append(f"| {c['policy']} | {c['style']} | {c['answer_format']} | {_instruction_text(c)} | "
+                     f"{c['greedy']:.1%} | {c['sampled']:.1%} | {c['signal']:.2f} | {c.get('cut_off', 0.0):.0%} "
                      f"({c.get('passes_cut_off', 0.0):.0%}) |")
     pk = result["pick"]
     lines += ["", f"Pick: `task.answer_format: {pk['answer_format']}`; styles: "
