@@ -54,7 +54,9 @@ def test_a_policy_that_stays_cold_when_worked_is_a_cold_start_in_skill():
     cold = pick(cells, ["a", "b"], ("last_number",))["cold"]
     assert list(cold) == ["a"] and "a cold start in skill" in cold["a"] and "probe-hints" in cold["a"]
     warmer = pick([_cell("a", 0.0, 0.0), _cell("a", 0.05, 0.0, "worked")], ["a"], ("last_number",))["cold"]
-    assert "warmer, still under 10%" in warmer["a"]
+    assert "under 10% either way" in warmer["a"]
+    at_one_in_48 = pick([_cell("a", 1 / 48, 0.0), _cell("a", 0.67, 0.0, "worked")], ["a"], ("last_number",))["cold"]
+    assert "cold by its instruction" in at_one_in_48["a"]  # any picked policy under the room is told apart
 
 
 def test_the_pick_warns_when_half_a_picked_policys_passes_come_from_cut_off_text():

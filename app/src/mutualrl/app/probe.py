@@ -16,9 +16,9 @@ Where the pick leaves a policy outside ~10–70 % sampled, it says so: no format
 A policy can look cold for want of an instruction rather than of skill: Qwen2.5-Coder-0.5B-Instruct sampled 2 % on
 three-term sums of two-digit numbers under the task's instruction at T = 1, and 44 % when told to write each
 intermediate result at T 0.7 (docs/results/real/sgt-r/README.md). With ``worked=True`` every (format, style) is also
-measured under :func:`worked_instruction` at a cooler temperature; these cells take no part in the pick, but a picked
-policy at or under :data:`COLD` that samples in RL's room when worked is named: its cold start is its instruction's,
-and a peer's hint is not what it lacks.
+measured under :func:`worked_instruction` at a cooler temperature; these cells take no part in the pick, but each
+picked policy under RL's room is told apart: one that samples in the room when worked is cold by its instruction and
+lacks that, not a peer's hint; one at or under :data:`COLD` either way is a cold start in skill.
 Each cell also counts the completions the token limit ended (no EOS, no stop string) and how many of its passes
 were read from one: a verifier that takes the last number of an unfinished explanation passes it whenever a stray
 number happens to match (on reasoning-gym's `gcd` at 48 tokens, most of a policy's passes). Where half or more of
@@ -240,22 +240,22 @@ def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...], max_n
 
 
 def _cold_starts(chosen: dict[str, Cell], worked: list[Cell]) -> dict[str, str]:
-    """Per picked policy at or under :data:`COLD` with worked cells under its picked format: what its best worked
-    cell says of the cold start (module docstring)."""
+    """Per picked policy under RL's room (< 10 % sampled) with worked cells under its picked format: what its best
+    worked cell says of why it is cold (module docstring)."""
     found: dict[str, str] = {}
     for q, c in chosen.items():
         mine = [w for w in worked if w.policy == q and w.answer_format == c.answer_format]
-        if c.sampled > COLD or not mine:
+        if c.sampled >= ROOM[0] or not mine:
             continue
         w = max(mine, key=lambda w: w.sampled)
         how = f"asked to show its work ({w.style}, T {w.temperature:g}) {q} samples {w.sampled:.0%}"
         if w.sampled >= ROOM[0]:
             found[q] = (f"{how}: it is cold by its instruction, not by skill; give it a worked instruction "
                         f"(policies.{q}.prompt.instruction) rather than a peer's hints")
-        elif w.sampled > COLD:
-            found[q] = f"{how}: warmer, still under {ROOM[0]:.0%}"
-        else:
+        elif w.sampled <= COLD and c.sampled <= COLD:
             found[q] = f"{how}: a cold start in skill, where a peer's hint may help (mutualrl probe-hints)"
+        else:
+            found[q] = f"{how}: under {ROOM[0]:.0%} either way"
     return found
 
 
