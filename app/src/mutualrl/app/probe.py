@@ -12,17 +12,19 @@ probe measures greedy and sampled pass rates on held-out problems for every (for
 - per policy, the prompt style with the largest signal share under that format.
 
 Where the pick leaves a policy outside ~10–70 % sampled, it says so: no format gives every policy room.
-
-A policy can look cold for want of an instruction rather than of skill: Qwen2.5-Coder-0.5B-Instruct sampled 2 % on
-three-term sums of two-digit numbers under the task's instruction at T = 1, and 44 % when told to write each
-intermediate result at T 0.7 (docs/results/real/sgt-r/README.md). With ``worked=True`` every (format, style) is also
-measured under :func:`worked_instruction` at a cooler temperature; these cells take no part in the pick, but each
-picked policy under RL's room is told apart: one that samples in the room when worked is cold by its instruction and
-lacks that, not a peer's hint; one at or under :data:`COLD` either way is a cold start in skill.
 Each cell also counts the completions the token limit ended (no EOS, no stop string) and how many of its passes
 were read from one: a verifier that takes the last number of an unfinished explanation passes it whenever a stray
 number happens to match (on reasoning-gym's `gcd` at 48 tokens, most of a policy's passes). Where half or more of
 a picked policy's passes are such, the pick says to raise the token limit before trusting the rates.
+
+A policy can look cold for want of an instruction rather than of skill: Qwen2.5-Coder-0.5B-Instruct sampled 2 % on
+three-term sums of two-digit numbers under the task's instruction at T = 1, and 67 % when told to write each
+intermediate result at T 0.7 (docs/results/real/sgt-r/README.md, "Cold in skill, not in instruction"). With
+``worked=True`` every (format, style) is also measured under :func:`worked_instruction` at a cooler temperature;
+these cells take no part in the pick, but each picked policy under RL's room is told apart: one that samples in the
+room when worked is cold by its instruction and lacks that, not a peer's hint; one at or under :data:`COLD` either
+way is a cold start in skill.
+
 Policies are probed one at a time, so memory is that of the largest one.
 """
 
