@@ -176,11 +176,11 @@ def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT
         runs = [("task", sampling_temperature(p))] + ([("worked", worked_temperature)] if worked else [])
         for style in _styles(cfg, index, tok):
             for fmt in formats:
+                verifier = build_verifier(cfg.task.verifier, task, fmt)
                 for instruction, temperature in runs:
                     if instruction == "worked" and not INSTRUCTIONS[fmt]:
                         continue  # "whole": the bare answer is the whole completion, there is no work to ask for
                     t0 = time.monotonic()
-                    verifier = build_verifier(cfg.task.verifier, task, fmt)
                     ps = _style(cfg, index, style, fmt, worked=instruction == "worked")
                     greedy = _rate(model, tok, problems, verifier, ps, tokens, 0.0, cfg.seed, batch)
                     sampled = _rate(model, tok, problems, verifier, ps, tokens, temperature, cfg.seed, batch)
@@ -191,7 +191,8 @@ def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT
                     cells.append(cell)
                     cut = (f"  cut off {cell.cut_off:.0%} (of passes {cell.passes_cut_off:.0%})" if cell.cut_off
                            else "")
-                    echo(f"[{p.name}] {style:10s} {fmt:12s} {_instruction_text(cell):14s} greedy {greedy.rate:6.1%}"
+                    echo(f"[{p.name}] {style:10s} {fmt:12s} {_instruction_text(instruction, temperature):14s} "
+                         f"greedy {greedy.rate:6.1%}"
                          f"  sampled {sampled.rate:6.1%}{cut}  ({cell.seconds:.0f} s)")
         del pp, model
         gc.collect()
@@ -201,11 +202,8 @@ def probe(cfg: ExperimentConfig, n: int = 32, formats: tuple[str, ...] = DEFAULT
             "pick": pick(cells, [p.name for p in cfg.policies], formats, tokens)}
 
 
-def _instruction_text(cell: Cell | dict) -> str:
-    c = asdict(cell) if isinstance(cell, Cell) else cell
-    if c.get("instruction", "task") == "task":
-        return "task"
-    return f"worked, T {c['temperature']:g}"
+def _instruction_text(instruction: str, temperature: float | None) -> str:
+    return "task" if instruction == "task" else f"worked, T {temperature:g}"
 
 
 def pick(cells: list[Cell], policies: list[str], formats: tuple[str, ...], max_new_tokens: int | None = None) -> dict:
@@ -266,7 +264,8 @@ def render(result: dict) -> str:
     lines = ["| policy | style | answer format | instruction | greedy | sampled | signal share | cut off (of passes) |",
              "|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
-        lines.append(f"| {c['policy']} | {c['style']} | {c['answer_format']} | {_instruction_text(c)} | "
+        instruction = _instruction_text(c.get("instruction", "task"), c.get("temperature"))  # older results: task
+        lines.append(f"| {c['policy']} | {c['style']} | {c['answer_format']} | {instruction} | "
                      f"{c['greedy']:.1%} | {c['sampled']:.1%} | {c['signal']:.2f} | {c.get('cut_off', 0.0):.0%} "
                      f"({c.get('passes_cut_off', 0.0):.0%}) |")
     pk = result["pick"]
