@@ -10,7 +10,17 @@ import pytest
 from typer.testing import CliRunner
 
 from mutualrl.app.cli import app
-from mutualrl.app.hint_probe import HINT_KINDS, PLAIN, SgtRHints, Shown, measure, paired_change, render, verdict
+from mutualrl.app.hint_probe import (
+    HINT_KINDS,
+    PLAIN,
+    SgtRHints,
+    Shown,
+    measure,
+    paired_change,
+    render,
+    verdict,
+    writes_answer,
+)
 from mutualrl.config.schema import SgtRConfig
 from mutualrl.tasks.answers import MASK
 from mutualrl.tasks.hints import HINT_TEMPLATE
@@ -44,6 +54,15 @@ def test_the_verdict_sends_a_user_to_sgt_r_only_where_a_peer_hint_raises_the_rat
     assert "lower" in verdict(_rows(**{"peer-shortest": "lowers", "peer-longest": "no measurable change"}), 3)
     assert "verified nothing" in verdict(_rows(**{k: "no hint" for k in HINT_KINDS}), peer_verified=0)
     assert "refused" in verdict(_rows(**{k: "no hint" for k in HINT_KINDS}), peer_verified=5)
+
+
+def test_an_answer_counts_as_written_where_it_stands_alone_verified_or_not():
+    # the step done and the ending spoilt: SmolLM2 on a hint, "91 + 88 = 179 ... The final answer is 91."
+    assert writes_answer("91 + 88 = 179\n\nThe final answer is 91.", "179")
+    assert writes_answer("so it is 179.", "179")  # a full stop after it is not a decimal
+    assert not writes_answer("1790 and 2179", "179") and not writes_answer("179.5", "179")  # inside longer numbers
+    assert not writes_answer("so it is -5", "5") and writes_answer("so it is -5", "-5")  # a sign is part of the number
+    assert writes_answer("the list is [1, 2]", "[1, 2]") and not writes_answer("anything", "")
 
 
 EXTRA = [HINT_TEMPLATE, MASK, "The final answer is 146."] * 20
@@ -98,12 +117,21 @@ def test_a_probe_counts_what_a_hint_changes_on_the_same_problems(arithmetic_task
     assert (plain["n"], plain["verified_count"], plain["by_problem"]) == (3 * K, 0, [0, 0, 0])
     assert (hint["n"], hint["verified_count"], hint["by_problem"]) == (2 * K, 2 * K, [K, K, None])
     assert hint["hints"] == 2 and hint["plain_verified_same_problems"] == 0.0
+    assert hint["written"] == 2 * K  # every hinted sample writes its answer; the plain ones only where a term is it
+    assert plain["written"] == K * sum(writes_answer(f"{p.prompt} 0", p.answer) for p in problems)
     assert hint["hints_with_work"] == 2  # "42" and "30" are not in the question
     assert hint["change"]["mean"] == pytest.approx(100.0) and hint["change"]["verdict"] == "raises"
     table = render({"receiver": "r", "peer": "p", "task": "arithmetic", "dataset": None,
                     "answer_format": "last_number", "problems": 3, "samples": K, "peer_verified": 0.5,
                     "peer_solved": 2, "conditions": rows, "verdict": verdict(rows, 6)})
-    assert "| peer-longest | 2 (2) | 0 |" in table and "+100.0 ± 0.0 points per problem (raises)" in table
+    assert f"| peer-longest | 2 (2) | 0 | 100% | {2 * K}/{2 * K} | {2 * K}/{2 * K} | 0/{2 * K} |" in table
+    assert "+100.0 ± 0.0 points per problem (raises)" in table
+    for row in rows.values():  # a result written before the count still renders
+        del row["written"]
+    older = render({"receiver": "r", "peer": "p", "task": "arithmetic", "dataset": None, "answer_format": "last_number",
+                    "problems": 3, "samples": K, "peer_verified": 0.5, "peer_solved": 2, "conditions": rows,
+                    "verdict": verdict(rows, 6)})
+    assert f"| peer-longest | 2 (2) | 0 | 100% | {2 * K}/{2 * K} | – | 0/{2 * K} |" in older
 
 
 def _tiny_pair(tmp_path, task):

@@ -96,6 +96,20 @@ class Sampler:
         return [prefix + completion_text(self.tok, o, self.style) for o in outs]
 
 
+def writes_answer(text: str, answer: str) -> bool:
+    """Whether a completion writes the reference ``answer`` anywhere, verified or not: a number standing alone (not
+    inside a longer one), other answers as text. Where a completion writes it and does not verify, the receiver did
+    the arithmetic and spoilt its ending (a ramble after it, another number last); where it never writes it, the
+    step was not done. A diagnostic, not a score: a ramble of numbers can hit it by chance."""
+    answer = answer.strip()
+    if not answer:
+        return False
+    if re.fullmatch(r"-?\d+(\.\d+)?", answer):
+        sign = "" if answer.startswith("-") else "\\-"  # 5 is not written by "-5"
+        return re.search(rf"(?<![\d.{sign}]){re.escape(answer)}(?![\d]|\.\d)", text) is not None
+    return answer in text
+
+
 def carries_work(hint_text: str, question: str) -> bool:
     """Whether a masked hint holds a number that is neither in the question nor the mask: an intermediate result."""
     asked = set(re.findall(r"\d+", question))
@@ -160,12 +174,13 @@ def paired_change(hinted: list[Optional[int]], plain: list[int], k: int) -> dict
 def measure(receiver: Callable[..., list[str]], problems: list[Problem], verifier: Verifier, fmt: str,
             conditions: dict[str, Condition], k: int, echo: Callable[[str], None] = lambda s: None) -> dict[str, dict]:
     """Sample the receiver ``k`` times per problem plainly and under each condition; per condition: completions in
-    the required form and verified, the hints shown and those holding work, the plain rate on the same problems, the
-    paired change (:func:`paired_change`) and up to three examples."""
+    the required form, verified, and writing the answer anywhere (:func:`writes_answer`, the response prefix left
+    out), the hints shown and those holding work, the plain rate on the same problems, the paired change
+    (:func:`paired_change`) and up to three examples."""
     rows: dict[str, dict] = {}
     plain_ok: list[int] = []
     for name, condition in {PLAIN: lambda i, p: Shown(p.prompt), **conditions}.items():
-        in_form = n = work = 0
+        in_form = n = work = written = 0
         by_problem: list[Optional[int]] = []
         examples: list[dict] = []
         for i, p in enumerate(problems):
@@ -177,6 +192,7 @@ def measure(receiver: Callable[..., list[str]], problems: list[Problem], verifie
             ok = sum(verifier.score(p, t) > 0 for t in texts)
             by_problem.append(ok)
             in_form += sum(extract_answer(t, fmt) is not None for t in texts)
+            written += sum(writes_answer(t[len(shown.prefix):], p.answer) for t in texts)
             n += len(texts)
             if shown.hint is not None:
                 work += carries_work(shown.hint, p.prompt)
@@ -188,13 +204,14 @@ def measure(receiver: Callable[..., list[str]], problems: list[Problem], verifie
         verified = sum(b for b in by_problem if b is not None)
         same = sum(pl for b, pl in zip(by_problem, plain_ok) if b is not None)
         row = {"n": n, "in_form": in_form / max(n, 1), "verified": verified / max(n, 1), "verified_count": verified,
-               "by_problem": by_problem, "examples": examples}
+               "written": written, "by_problem": by_problem, "examples": examples}
         if name != PLAIN:
             row.update(hints=sum(b is not None for b in by_problem), hints_with_work=work,
                        plain_verified_same_problems=same / max(n, 1), change=paired_change(by_problem, plain_ok, k))
         rows[name] = row
         extra = (f", plain on the same problems {same}/{n}: {_change_text(row['change'])}" if name != PLAIN else "")
-        echo(f"[receiver] {name:14s} in form {in_form}/{n}, verified {verified}/{n}{extra}")
+        echo(f"[receiver] {name:14s} in form {in_form}/{n}, verified {verified}/{n}, answer written {written}/{n}"
+             f"{extra}")
     return rows
 
 
@@ -316,6 +333,10 @@ def verdict(rows: dict[str, dict], peer_verified: int) -> str:
             "(`policies.N.engine.temperature`) and the guarded SGT (`sharing.mode: sgt`) instead")
 
 
+def _written(row: dict) -> str:
+    return "–" if row.get("written") is None else f"{row['written']}/{row['n']}"  # results from before the count
+
+
 def render(result: dict) -> str:
     """The probe as a Markdown table and its verdict."""
     rows = result["conditions"]
@@ -323,16 +344,18 @@ def render(result: dict) -> str:
              + (f" ({result['dataset']})" if result.get("dataset") else "")
              + f", `{result['answer_format']}`, {result['problems']} problems × {result['samples']} samples; the "
              f"peer verified {result['peer_verified']:.0%} (a success on {result['peer_solved']} problems)", "",
-             "| condition | hints (with work) | refused | in form | verified | plain, same problems "
-             "| change per problem |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| condition | hints (with work) | refused | in form | verified | answer written | plain, same problems "
+             "| change per problem |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, row in rows.items():
         if name == PLAIN:
-            lines.append(f"| {name} | – | – | {row['in_form']:.0%} | {row['verified_count']}/{row['n']} | – | – |")
+            lines.append(f"| {name} | – | – | {row['in_form']:.0%} | {row['verified_count']}/{row['n']} | "
+                         f"{_written(row)} | – | – |")
             continue
         refused = ", ".join(f"{r} {n}" for r, n in row.get("refused", {}).items()) or "0"
         same = round(row["plain_verified_same_problems"] * row["n"])
         work = "–" if row["hints_with_work"] is None else row["hints_with_work"]
         lines.append(f"| {name} | {row['hints']} ({work}) | {refused} | {row['in_form']:.0%} | "
-                     f"{row['verified_count']}/{row['n']} | {same}/{row['n']} | {_change_text(row['change'])} |")
+                     f"{row['verified_count']}/{row['n']} | {_written(row)} | {same}/{row['n']} | "
+                     f"{_change_text(row['change'])} |")
     lines += ["", f"Verdict: {result['verdict']}."]
     return "\n".join(lines)
