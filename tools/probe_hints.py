@@ -85,7 +85,7 @@ def _conditions(args, hints: dict[str, list], fmt: str, verifier) -> dict:
         def condition(i, p):
             if texts[i] is None:
                 return None
-            shown = work_prefix(texts[i], fmt, args.fraction)
+            shown = work_prefix(texts[i], fmt, args.fraction, p.answer)
             return Shown(p.prompt, prefix=shown, hint=shown)
         return condition
 

@@ -54,3 +54,7 @@ def test_a_work_prefix_is_the_peers_text_before_its_answer_cut_at_a_word(probe):
     assert half == "Subtract 1 from both sides: 3p "  # the first 32 of 65 characters, cut back to a whole word
     assert probe.work_prefix("<answer>46</answer>", "answer_tags", 1.0) == "<answer>"  # a bare success: its form only
     assert probe.work_prefix("no answer here", "answer_tags", 1.0) == ""
+    worked = "Step 2: Add 91 and 88\n91 + 88 = 179\n\nTherefore, the final answer is 179."
+    assert probe.work_prefix(worked, "last_number", 1.0) == "Step 2: Add 91 and 88\n91 + 88 = 179\n\nTherefore, " \
+        "the final answer is "  # without the answer: its final number only
+    assert probe.work_prefix(worked, "last_number", 1.0, "179") == "Step 2: Add 91 and 88\n91 + 88 = "  # never it

@@ -96,18 +96,26 @@ class Sampler:
         return [prefix + completion_text(self.tok, o, self.style) for o in outs]
 
 
-def writes_answer(text: str, answer: str) -> bool:
-    """Whether a completion writes the reference ``answer`` anywhere, verified or not: a number standing alone (not
-    inside a longer one), other answers as text. Where a completion writes it and does not verify, the receiver did
-    the arithmetic and spoilt its ending (a ramble after it, another number last); where it never writes it, the
-    step was not done. A diagnostic, not a score: a ramble of numbers can hit it by chance."""
+def answer_at(text: str, answer: str) -> Optional[int]:
+    """Where ``text`` first writes the reference ``answer``: a number standing alone (not inside a longer one, and a
+    non-negative answer not as the tail of a negative), other answers as text; None where it never does."""
     answer = answer.strip()
     if not answer:
-        return False
+        return None
     if re.fullmatch(r"-?\d+(\.\d+)?", answer):
         sign = "" if answer.startswith("-") else "\\-"  # 5 is not written by "-5"
-        return re.search(rf"(?<![\d.{sign}]){re.escape(answer)}(?![\d]|\.\d)", text) is not None
-    return answer in text
+        found = re.search(rf"(?<![\d.{sign}]){re.escape(answer)}(?![\d]|\.\d)", text)
+        return found.start() if found else None
+    i = text.find(answer)
+    return i if i >= 0 else None
+
+
+def writes_answer(text: str, answer: str) -> bool:
+    """Whether a completion writes the reference ``answer`` anywhere, verified or not (:func:`answer_at`). Where a
+    completion writes it and does not verify, the receiver did the arithmetic and spoilt its ending (a ramble after
+    it, another number last); where it never writes it, the step was not done. A diagnostic, not a score: a ramble
+    of numbers can hit it by chance."""
+    return answer_at(text, answer) is not None
 
 
 def carries_work(hint_text: str, question: str) -> bool:
@@ -116,14 +124,17 @@ def carries_work(hint_text: str, question: str) -> bool:
     return any(n not in asked for n in re.findall(r"\d+", hint_text.replace(MASK, " ")))
 
 
-def work_prefix(text: str, fmt: str, fraction: float) -> str:
+def work_prefix(text: str, fmt: str, fraction: float, answer: Optional[str] = None) -> str:
     """The first ``fraction`` of a peer success's text before its answer (the form's opening included at 1.0), cut
-    back to a word boundary: what a response-prefix hint hands the receiver to continue. "" when the text gives no
-    answer or the share holds no whole word."""
+    back to a word boundary: what a response-prefix hint hands the receiver to continue. With the reference
+    ``answer``, "before its answer" is before the first place the text writes it: a worked success writes its result
+    (``91 + 88 = 179``) before its final answer, and a prefix that held it would hand the answer over. "" when the
+    text gives no answer or the share holds no whole word."""
     span = answer_span(text, fmt)
     if span is None:
         return ""
-    before = text[: span[0]]
+    first = answer_at(text, answer) if answer is not None else None
+    before = text[: min(span[0], first) if first is not None else span[0]]
     if fraction >= 1:
         return before
     cut = before[: int(len(before) * fraction)]
