@@ -21,7 +21,9 @@ What it does, on the first ``problems`` training problems:
    with its 95 % interval over the problems, and the verdict: the hint **raises** the rate (the interval above 0),
    **lowers** it (below 0), or makes **no measurable change**. It also says how many masked hints still hold a number
    beyond the question (an intermediate result: the only thing a masked success can pass on that the receiver did not
-   have), and, with ``reference``, the same for the task's own answer as the hint (SGT-R's reference control).
+   have), how many samples write the right answer anywhere, verified or not (a step done and then spoilt by a
+   ramble, told apart from a step never done), and, with ``reference``, the same for the task's own answer as the
+   hint (SGT-R's reference control).
 
 The policies are loaded one at a time, so memory is that of the larger one.
 """
