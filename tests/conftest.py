@@ -36,6 +36,24 @@ def _artifact_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def load_script():
+    """Import a repository script by its path from the root (``tools/…``, ``benchmarks/…``): they are run as files,
+    not installed as packages, and their tests import them this way."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def load(relpath: str):
+        spec = importlib.util.spec_from_file_location(Path(relpath).stem, root / relpath)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def arithmetic_task():
     from mutualrl.tasks import build_task
 

@@ -68,10 +68,6 @@ def test_a_failing_section_costs_one_figure_not_the_run(tmp_path):
     assert proc.returncode == 1  # a dry run with a failed section fails make test
 
 
-def test_every_section_is_run_dry_by_one_of_the_tests():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "gpu" / "run_all.py")
-    run_all = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run_all)
+def test_every_section_is_run_dry_by_one_of_the_tests(load_script):
+    run_all = load_script("benchmarks/gpu/run_all.py")
     assert [name for name, _, _ in run_all.SECTIONS] == [*FAST_SECTIONS, *SLOW_SECTIONS]

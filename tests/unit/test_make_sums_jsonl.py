@@ -3,7 +3,6 @@ committed data files are what the tool writes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -15,11 +14,8 @@ DATA = ROOT / "examples" / "real" / "sharing" / "data"
 
 
 @pytest.fixture(scope="module")
-def tool():
-    spec = importlib.util.spec_from_file_location("make_sums_jsonl", ROOT / "tools" / "make_sums_jsonl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tool(load_script):
+    return load_script("tools/make_sums_jsonl.py")
 
 
 def test_every_problem_leaves_a_last_step_within_the_bounds(tool):

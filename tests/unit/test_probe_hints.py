@@ -4,14 +4,9 @@ conditions; and the research tool's own synthetic hints."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from mutualrl.tasks.answers import required_form
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +17,8 @@ def probe():
 
 
 @pytest.fixture(scope="module")
-def tool():
-    spec = importlib.util.spec_from_file_location("probe_hints", ROOT / "tools" / "probe_hints.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def tool(load_script):
+    return load_script("tools/probe_hints.py")
 
 
 def test_the_tools_synthetic_hints_are_a_bare_and_a_worked_answer(tool):
