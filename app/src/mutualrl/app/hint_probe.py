@@ -48,7 +48,7 @@ from mutualrl.runtime.evaluation import completion_text
 from mutualrl.runtime.policy_setup import build_task_from_config, prepare_policy, prompt_style, sampling_temperature
 from mutualrl.services.learner.hinted_rescue import hint_refusal
 from mutualrl.tasks import Problem, Verifier
-from mutualrl.tasks.answers import MASK, answer_span, extract_answer, required_form
+from mutualrl.tasks.answers import MASK, answer_span, extract_answer, required_form, standalone_answer
 from mutualrl.tasks.hints import Hint, build_hint, reference_hint
 
 PLAIN = "plain"
@@ -99,17 +99,15 @@ class Sampler:
 
 
 def answer_at(text: str, answer: str) -> Optional[int]:
-    """Where ``text`` first writes the reference ``answer``: a number standing alone (not inside a longer one, and a
-    non-negative answer not as the tail of a negative), other answers as text; None where it never does."""
-    answer = answer.strip()
-    if not answer:
+    """Where ``text`` first writes the reference ``answer`` standing alone (:func:`standalone_answer`), a
+    non-negative answer not as the tail of a negative (``5`` is not written by ``-5``); None where it never does."""
+    if not answer.strip():
         return None
-    if re.fullmatch(r"-?\d+(\.\d+)?", answer):
-        sign = "" if answer.startswith("-") else "\\-"  # 5 is not written by "-5"
-        found = re.search(rf"(?<![\d.{sign}]){re.escape(answer)}(?![\d]|\.\d)", text)
-        return found.start() if found else None
-    i = text.find(answer)
-    return i if i >= 0 else None
+    signed = answer.strip().startswith("-")
+    for found in standalone_answer(answer).finditer(text):
+        if signed or not text[: found.start()].endswith("-"):
+            return found.start()
+    return None
 
 
 def writes_answer(text: str, answer: str) -> bool:

@@ -132,6 +132,12 @@ def reasoning_before(text: str, fmt: str) -> str:
     return text[: max(0, start)].rstrip()
 
 
+def standalone_answer(answer: str) -> re.Pattern:
+    """The reference ``answer`` where it stands alone in a text: not inside a longer word or number (``46`` is not in
+    ``146`` or ``46.5``; a full stop after it is not a decimal)."""
+    return re.compile(r"(?<![\w.])" + re.escape(answer.strip()) + r"(?![\w]|\.\d)")
+
+
 def mask_answer(text: str, fmt: str, gives_answer, answer: str | None = None) -> tuple[str, bool]:
     """``text`` with the answer it would give away replaced by :data:`MASK`, and whether anything was masked.
 
@@ -151,8 +157,7 @@ def mask_answer(text: str, fmt: str, gives_answer, answer: str | None = None) ->
             break
         text, masked = text[: span[0]] + MASK + text[span[1]:], True
     if answer and answer.strip():
-        standalone = re.compile(r"(?<![\w.])" + re.escape(answer.strip()) + r"(?![\w]|\.\d)")
-        text, n = standalone.subn(MASK, text)
+        text, n = standalone_answer(answer).subn(MASK, text)
         masked = masked or n > 0
     return (text, masked) if not gives_answer(text) else (MASK, True)
 
